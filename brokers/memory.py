@@ -1,0 +1,304 @@
+"""MemoryBroker: jobs in a dict in this process (``memory://`` or ``memory://NAME``).
+
+For tests and examples: nothing survives the process. Brokers built from the same URL in one
+process share one store, so a producer and a worker in one program see the same jobs. It is also
+the reference implementation of the contract: short, with no storage concerns in the way.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlsplit
+
+import anyio
+
+from taskkit.broker import Broker
+from taskkit.errors import BrokerURLError
+from taskkit.job import (
+    DEFAULT_QUEUE,
+    Delivery,
+    Job,
+    JobInfo,
+    JobState,
+    Lease,
+    QueueStats,
+    new_job_id,
+    peek_task,
+)
+from taskkit.outcome import Complete, DeadLetter, Outcome, Retry
+
+_ACTIVE = (JobState.PENDING, JobState.RUNNING)
+
+
+@dataclass(slots=True)
+class _Record:
+    id: str
+    queue: str
+    payload: str
+    run_at: float
+    priority: int = 0
+    state: JobState = JobState.PENDING
+    attempts: int = 0
+    max_attempts: int | None = None
+    dedupe_key: str | None = None
+    token: str | None = None
+    lease_until: float = 0.0
+    last_error: str | None = None
+    result: str | None = None
+    enqueued_at: float = 0.0
+    finished_at: float | None = None
+    expires_at: float | None = None
+    seq: int = 0
+
+
+@dataclass
+class _Store:
+    jobs: dict[str, _Record] = field(default_factory=dict)
+    dedupe: dict[str, str] = field(default_factory=dict)
+    paused: set[str] = field(default_factory=set)
+    seq: int = 0
+    changed: anyio.Event | None = None
+
+
+_STORES: dict[str, _Store] = {}
+
+
+class MemoryBroker(Broker):
+    """An in-process broker. ``memory://NAME`` selects a store shared by name in this process."""
+
+    def __init__(self, url: str = "memory://", **options: Any) -> None:
+        super().__init__(url)
+        parts = urlsplit(url)
+        if parts.scheme != "memory":
+            raise BrokerURLError(f"not a memory URL: {url!r}")
+        self._store = _STORES.setdefault(parts.netloc + parts.path, _Store())
+
+    async def connect(self) -> None:
+        return None
+
+    async def close(self) -> None:
+        return None
+
+    # -- helpers ---------------------------------------------------------------------------
+
+    def _notify(self) -> None:
+        if self._store.changed is not None:
+            self._store.changed.set()
+            self._store.changed = None
+
+    def _owned(self, lease: Lease) -> _Record | None:
+        rec = self._store.jobs.get(lease.job_id)
+        if rec is None or rec.state is not JobState.RUNNING or rec.token != lease.token:
+            return None
+        return rec
+
+    def _free_dedupe(self, rec: _Record) -> None:
+        if rec.dedupe_key is not None and self._store.dedupe.get(rec.dedupe_key) == rec.id:
+            del self._store.dedupe[rec.dedupe_key]
+
+    def _lease(self, rec: _Record, lease_for: float, now: float) -> Delivery:
+        rec.token = uuid.uuid4().hex
+        rec.lease_until = now + lease_for
+        rec.state = JobState.RUNNING
+        return Delivery(Lease(rec.id, rec.token, rec.queue), rec.payload, rec.attempts, rec.lease_until)
+
+    def _expire_results(self, now: float) -> None:
+        for rec in [r for r in self._store.jobs.values() if r.expires_at is not None]:
+            if rec.expires_at is not None and rec.expires_at <= now:
+                del self._store.jobs[rec.id]
+
+    # -- producing -------------------------------------------------------------------------
+
+    async def enqueue(self, jobs: Sequence[Job], now: float) -> list[str]:
+        ids: list[str] = []
+        for job in jobs:
+            held = self._store.dedupe.get(job.dedupe_key) if job.dedupe_key else None
+            if held is not None:
+                ids.append(held)
+                continue
+            self._add(job.id, job.queue, job.to_wire(), now, job)
+            ids.append(job.id)
+        self._notify()
+        return ids
+
+    async def enqueue_raw(self, queue: str, payload: bytes | str, now: float) -> str:
+        text = payload.decode("utf-8", "replace") if isinstance(payload, bytes) else payload
+        job_id = new_job_id()
+        self._add(job_id, queue or DEFAULT_QUEUE, text, now, None)
+        self._notify()
+        return job_id
+
+    def _add(self, job_id: str, queue: str, payload: str, now: float, job: Job | None) -> None:
+        self._store.seq += 1
+        rec = _Record(
+            id=job_id,
+            queue=queue,
+            payload=payload,
+            run_at=now if job is None or job.run_at is None else job.run_at,
+            priority=0 if job is None else job.priority,
+            max_attempts=None if job is None else job.max_attempts,
+            dedupe_key=None if job is None else job.dedupe_key,
+            enqueued_at=now,
+            seq=self._store.seq,
+        )
+        self._store.jobs[job_id] = rec
+        if rec.dedupe_key is not None:
+            self._store.dedupe[rec.dedupe_key] = job_id
+
+    # -- consuming -------------------------------------------------------------------------
+
+    async def reserve(
+        self, queues: Sequence[str], limit: int, lease_for: float, wait: float, now: float
+    ) -> list[Delivery]:
+        with anyio.move_on_after(wait):
+            while True:
+                got = self._take(queues, limit, lease_for, now)
+                if got or wait <= 0:
+                    return got
+                if self._store.changed is None:
+                    self._store.changed = anyio.Event()
+                await self._store.changed.wait()
+        return []
+
+    def _take(self, queues: Sequence[str], limit: int, lease_for: float, now: float) -> list[Delivery]:
+        out: list[Delivery] = []
+        for queue in queues:
+            if queue in self._store.paused or len(out) >= limit:
+                continue
+            due = sorted(
+                (r for r in self._store.jobs.values()
+                 if r.queue == queue and r.state is JobState.PENDING and r.run_at <= now),
+                key=lambda r: (-r.priority, r.run_at, r.seq),
+            )
+            for rec in due[: limit - len(out)]:
+                rec.attempts += 1
+                out.append(self._lease(rec, lease_for, now))
+        return out
+
+    async def extend(self, leases: Sequence[Lease], lease_for: float, now: float) -> list[Lease]:
+        lost: list[Lease] = []
+        for lease in leases:
+            rec = self._owned(lease)
+            if rec is None:
+                lost.append(lease)
+            else:
+                rec.lease_until = now + lease_for
+        return lost
+
+    async def settle(self, items: Sequence[tuple[Lease, Outcome]], now: float) -> list[bool]:
+        applied = [self._settle_one(lease, outcome, now) for lease, outcome in items]
+        self._notify()
+        return applied
+
+    def _settle_one(self, lease: Lease, outcome: Outcome, now: float) -> bool:
+        rec = self._owned(lease)
+        if rec is None:
+            return False
+        rec.token = None
+        if isinstance(outcome, Complete):
+            self._free_dedupe(rec)
+            if outcome.keep_until is None:
+                del self._store.jobs[rec.id]
+            else:
+                rec.state, rec.result, rec.finished_at = JobState.DONE, outcome.result, now
+                rec.expires_at = outcome.keep_until
+        elif isinstance(outcome, Retry):
+            rec.state, rec.run_at, rec.last_error = JobState.PENDING, outcome.run_at, outcome.error
+            if not outcome.charge_attempt:
+                rec.attempts = max(0, rec.attempts - 1)
+        elif isinstance(outcome, DeadLetter):
+            self._free_dedupe(rec)
+            rec.state, rec.last_error, rec.finished_at = JobState.DEAD, outcome.error, now
+        return True
+
+    async def release(self, leases: Sequence[Lease], now: float) -> None:
+        for lease in leases:
+            rec = self._owned(lease)
+            if rec is not None:
+                rec.state, rec.token, rec.run_at = JobState.PENDING, None, now
+                rec.attempts = max(0, rec.attempts - 1)
+        self._notify()
+
+    async def reclaim_expired(
+        self, queues: Sequence[str], lease_for: float, limit: int, now: float
+    ) -> list[Delivery]:
+        expired = [
+            r for r in self._store.jobs.values()
+            if r.state is JobState.RUNNING and r.queue in queues and r.lease_until < now
+        ][:limit]
+        return [self._lease(rec, lease_for, now) for rec in expired]
+
+    # -- admin -----------------------------------------------------------------------------
+
+    def _info(self, rec: _Record, now: float) -> JobInfo:
+        state = rec.state
+        if state is JobState.PENDING and rec.run_at > now:
+            state = JobState.SCHEDULED
+        return JobInfo(
+            id=rec.id, queue=rec.queue, state=state, task=peek_task(rec.payload),
+            attempts=rec.attempts, payload=rec.payload, max_attempts=rec.max_attempts,
+            priority=rec.priority, run_at=rec.run_at, enqueued_at=rec.enqueued_at,
+            finished_at=rec.finished_at, last_error=rec.last_error, result=rec.result,
+            dedupe_key=rec.dedupe_key,
+        )
+
+    async def get_job(self, job_id: str, now: float) -> JobInfo | None:
+        self._expire_results(now)
+        rec = self._store.jobs.get(job_id)
+        return None if rec is None else self._info(rec, now)
+
+    async def stats(self, now: float) -> dict[str, QueueStats]:
+        out: dict[str, QueueStats] = {q: QueueStats(paused=True) for q in self._store.paused}
+        for rec in self._store.jobs.values():
+            st = out.setdefault(rec.queue, QueueStats(paused=rec.queue in self._store.paused))
+            if rec.state is JobState.PENDING:
+                if rec.run_at <= now:
+                    st.ready += 1
+                else:
+                    st.scheduled += 1
+            elif rec.state is JobState.RUNNING:
+                st.running += 1
+            elif rec.state is JobState.DEAD:
+                st.dead += 1
+        return out
+
+    def _dead(self, ids: Sequence[str] | None, queue: str | None) -> list[_Record]:
+        pool = (
+            self._store.jobs.values() if ids is None
+            else [r for i in ids if (r := self._store.jobs.get(i)) is not None]
+        )
+        return [r for r in pool if r.state is JobState.DEAD and (queue is None or r.queue == queue)]
+
+    async def list_dead(self, queue: str | None, limit: int) -> list[JobInfo]:
+        dead = sorted(self._dead(None, queue), key=lambda r: -(r.finished_at or 0))
+        return [self._info(r, 0.0) for r in dead[:limit]]
+
+    async def requeue_dead(
+        self, ids: Sequence[str] | None, queue: str | None, now: float
+    ) -> list[str]:
+        out: list[str] = []
+        for rec in self._dead(ids, queue):
+            if rec.dedupe_key is not None:
+                if rec.dedupe_key in self._store.dedupe:
+                    continue  # another job took the key meanwhile; leave this one dead
+                self._store.dedupe[rec.dedupe_key] = rec.id
+            rec.state, rec.attempts, rec.run_at, rec.finished_at = JobState.PENDING, 0, now, None
+            out.append(rec.id)
+        self._notify()
+        return out
+
+    async def purge_dead(self, ids: Sequence[str] | None, queue: str | None) -> int:
+        dead = self._dead(ids, queue)
+        for rec in dead:
+            del self._store.jobs[rec.id]
+        return len(dead)
+
+    async def set_paused(self, queue: str, paused: bool) -> None:
+        if paused:
+            self._store.paused.add(queue)
+        else:
+            self._store.paused.discard(queue)
+            self._notify()

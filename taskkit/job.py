@@ -1,0 +1,232 @@
+"""The job envelope, its JSON wire format, and the records brokers hand back.
+
+A job travels as one JSON object (never pickle), version ``v`` 1, described by
+``taskkit/job.schema.json``. The smallest valid job is what a foreign producer writes::
+
+    {"task": "emails.send", "args": ["a@example.com"], "kwargs": {}}
+
+Everything else has a default that the broker or the worker fills: a fresh id, the ``default``
+queue, priority 0, run now, the task's own max_attempts/timeout. Counters that change while a job
+lives (attempts, state, lease, last error, result) belong to the broker, not to the envelope.
+
+Times are seconds since the epoch (floats), taken from the core's clock.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import re
+import uuid
+from dataclasses import dataclass, field
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from taskkit.errors import ConfigurationError, PayloadInvalid
+
+WIRE_VERSION = 1
+DEFAULT_QUEUE = "default"
+
+# Queue names end up in Redis keys, SQL values and log lines: keep them boring.
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$")
+# Task names: printable, no whitespace or control characters, bounded.
+_TASK_RE = re.compile(r"^[^\x00-\x20\x7f-\x9f]{1,200}$")
+
+
+def validate_queue_name(name: str) -> str:
+    """Return ``name`` if it is a valid queue name, else raise ConfigurationError."""
+    if not isinstance(name, str) or not _NAME_RE.match(name):
+        raise ConfigurationError(
+            f"invalid queue name {name!r}: use 1-128 characters from A-Z a-z 0-9 _ . : - "
+            "starting with a letter or digit"
+        )
+    return name
+
+
+def new_job_id() -> str:
+    """A fresh job id: 32 hex characters."""
+    return uuid.uuid4().hex
+
+
+class JobState(str, enum.Enum):
+    """Where a job is in its life. ``scheduled`` is a pending job whose run time is ahead."""
+
+    PENDING = "pending"
+    SCHEDULED = "scheduled"
+    RUNNING = "running"
+    DONE = "done"
+    DEAD = "dead"
+    CANCELLED = "cancelled"
+
+
+class Job(BaseModel):
+    """The envelope of one job, exactly as it is stored and sent.
+
+    Unknown keys are ignored, so a newer producer can talk to an older worker.
+    """
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    v: Literal[1] = WIRE_VERSION
+    id: Annotated[str, Field(min_length=1, max_length=64)] = Field(default_factory=new_job_id)
+    task: str
+    args: list[Any] = Field(default_factory=list)
+    kwargs: dict[str, Any] = Field(default_factory=dict)
+    queue: str = DEFAULT_QUEUE
+    priority: int = 0
+    max_attempts: Annotated[int, Field(ge=1)] | None = None
+    timeout: Annotated[float, Field(gt=0)] | None = None
+    dedupe_key: Annotated[str, Field(min_length=1, max_length=512)] | None = None
+    run_at: float | None = None
+    enqueued_at: float | None = None
+    keep_result: Annotated[float, Field(ge=0)] | None = None
+
+    @field_validator("task")
+    @classmethod
+    def _task_name(cls, value: str) -> str:
+        if not _TASK_RE.match(value):
+            raise ValueError(
+                "task name must be 1-200 printable characters without spaces or control characters"
+            )
+        return value
+
+    @field_validator("queue")
+    @classmethod
+    def _queue_name(cls, value: str) -> str:
+        if not _NAME_RE.match(value):
+            raise ValueError("queue name must be 1-128 characters from A-Z a-z 0-9 _ . : -")
+        return value
+
+    def to_wire(self) -> str:
+        """The JSON text brokers store; defaults that are None are left out."""
+        return self.model_dump_json(exclude_none=True)
+
+
+def decode_job(raw: bytes | str) -> Job:
+    """Decode a wire payload, raising PayloadInvalid with a reason a person can act on."""
+    if isinstance(raw, bytes):
+        try:
+            raw = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise PayloadInvalid(f"payload is not valid UTF-8 ({exc.reason} at byte {exc.start})") from None
+    try:
+        data = json.loads(raw)
+    except (ValueError, RecursionError) as exc:
+        raise PayloadInvalid(f"payload is not valid JSON: {_short(exc)}") from None
+    if not isinstance(data, dict):
+        raise PayloadInvalid(
+            f"payload must be a JSON object like {{\"task\": ..., \"args\": [...]}}, "
+            f"got {type(data).__name__}"
+        )
+    try:
+        return Job.model_validate(data)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in err['loc']) or 'payload'}: {err['msg']}"
+            for err in exc.errors()[:5]
+        )
+        raise PayloadInvalid(f"payload does not match the job schema: {problems}") from None
+    except RecursionError:
+        raise PayloadInvalid("payload is nested too deeply") from None
+
+
+def peek_task(raw: bytes | str) -> str | None:
+    """Best-effort task name of a payload, for listings of jobs that may not decode."""
+    try:
+        data = json.loads(raw)
+    except (ValueError, RecursionError, UnicodeDecodeError):
+        return None
+    task = data.get("task") if isinstance(data, dict) else None
+    return task if isinstance(task, str) else None
+
+
+def _short(exc: BaseException, limit: int = 200) -> str:
+    text = str(exc)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+@dataclass(frozen=True, slots=True)
+class Lease:
+    """Ownership of one running job: ``token`` is fresh per claim and fences every later write."""
+
+    job_id: str
+    token: str
+    queue: str
+
+
+@dataclass(slots=True)
+class Delivery:
+    """A claimed job as a broker hands it to the core.
+
+    ``payload`` is the wire JSON exactly as stored; the core decodes it (and dead-letters it if it
+    cannot). ``attempts`` already counts this claim.
+    """
+
+    lease: Lease
+    payload: bytes | str
+    attempts: int
+    lease_until: float
+
+    @property
+    def job_id(self) -> str:
+        return self.lease.job_id
+
+
+@dataclass(slots=True)
+class JobInfo:
+    """What an admin call reports about one job."""
+
+    id: str
+    queue: str
+    state: JobState
+    task: str | None
+    attempts: int
+    payload: str
+    max_attempts: int | None = None
+    priority: int = 0
+    run_at: float | None = None
+    enqueued_at: float | None = None
+    finished_at: float | None = None
+    last_error: str | None = None
+    result: str | None = None  # JSON text of the kept return value
+    dedupe_key: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict (the shape of `taskkit dead list --json`)."""
+        return {
+            "id": self.id,
+            "task": self.task,
+            "queue": self.queue,
+            "state": self.state.value,
+            "attempts": self.attempts,
+            "max_attempts": self.max_attempts,
+            "error": self.last_error,
+            "run_at": self.run_at,
+            "enqueued_at": self.enqueued_at,
+            "finished_at": self.finished_at,
+            "dedupe_key": self.dedupe_key,
+            "result": None if self.result is None else json.loads(self.result),
+        }
+
+
+@dataclass(slots=True)
+class QueueStats:
+    """Counts of one queue's jobs by state, plus whether it is paused."""
+
+    ready: int = 0
+    scheduled: int = 0
+    running: int = 0
+    dead: int = 0
+    paused: bool = False
+    extra: dict[str, int] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "ready": self.ready,
+            "scheduled": self.scheduled,
+            "running": self.running,
+            "dead": self.dead,
+            "paused": self.paused,
+            **self.extra,
+        }
