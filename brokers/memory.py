@@ -37,7 +37,7 @@ _ACTIVE = (JobState.PENDING, JobState.RUNNING)
 class _Record:
     id: str
     queue: str
-    payload: str
+    payload: str | bytes  # bytes only for a foreign payload that is not UTF-8
     run_at: float
     priority: int = 0
     state: JobState = JobState.PENDING
@@ -64,6 +64,16 @@ class _Store:
 
 
 _STORES: dict[str, _Store] = {}
+
+
+def _as_text(payload: bytes | str) -> str | bytes:
+    """Payloads are kept as text; bytes that are not UTF-8 stay bytes so the worker can say so."""
+    if isinstance(payload, str):
+        return payload
+    try:
+        return payload.decode("utf-8")
+    except UnicodeDecodeError:
+        return payload
 
 
 class MemoryBroker(Broker):
@@ -125,13 +135,12 @@ class MemoryBroker(Broker):
         return ids
 
     async def enqueue_raw(self, queue: str, payload: bytes | str, now: float) -> str:
-        text = payload.decode("utf-8", "replace") if isinstance(payload, bytes) else payload
         job_id = new_job_id()
-        self._add(job_id, queue or DEFAULT_QUEUE, text, now, None)
+        self._add(job_id, queue or DEFAULT_QUEUE, _as_text(payload), now, None)
         self._notify()
         return job_id
 
-    def _add(self, job_id: str, queue: str, payload: str, now: float, job: Job | None) -> None:
+    def _add(self, job_id: str, queue: str, payload: str | bytes, now: float, job: Job | None) -> None:
         self._store.seq += 1
         rec = _Record(
             id=job_id,

@@ -121,7 +121,8 @@ class Broker(ABC):
 
         Atomically per job: state running, attempts + 1, a fresh lease token, lease until
         ``now + lease_for``. Never hands one job to two callers. When nothing is due, waits up to
-        ``wait`` wall-clock seconds for a job, then returns ``[]``.
+        ``wait`` wall-clock seconds for a job (taking the time as ``now`` plus the wall time spent
+        waiting), then returns ``[]``.
         """
 
     @abstractmethod

@@ -14,6 +14,8 @@ are translated at the broker boundary, so user code never has to catch a driver 
     ├── LeaseLost                   a worker no longer owns the job it tried to touch
     ├── EnqueueError                a job was refused at enqueue; nothing was stored
     │   └── ArgumentsInvalid        arguments that do not fit the task's signature
+    ├── JobDead                     waited for a result, but the job went to the dead letters
+    ├── ResultTimeout               waited for a result longer than the timeout (a TimeoutError)
     └── JobFailure                  why a job did not complete (raised inside the worker)
         ├── JobTimeout              the handler ran past its timeout (retryable)
         ├── UnknownTask             no task of that name is registered (dead at once)
@@ -65,6 +67,20 @@ class EnqueueError(TaskkitError):
 
 class ArgumentsInvalid(EnqueueError):
     """The arguments do not fit the task's signature."""
+
+
+class JobDead(TaskkitError):
+    """The job whose result was awaited went to the dead letters; ``error`` says why."""
+
+    def __init__(self, job_id: str, error: str | None) -> None:
+        first = (error or "no error recorded").splitlines()[0]
+        super().__init__(f"job {job_id} is dead: {first}")
+        self.job_id = job_id
+        self.error = error
+
+
+class ResultTimeout(TaskkitError, TimeoutError):
+    """The job did not finish within the time the caller was willing to wait."""
 
 
 class JobFailure(TaskkitError):

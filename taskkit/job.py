@@ -68,7 +68,7 @@ class Job(BaseModel):
 
     model_config = ConfigDict(extra="ignore", frozen=True)
 
-    v: Literal[1] = WIRE_VERSION
+    v: Literal[1] = 1
     id: Annotated[str, Field(min_length=1, max_length=64)] = Field(default_factory=new_job_id)
     task: str
     args: list[Any] = Field(default_factory=list)
@@ -182,7 +182,7 @@ class JobInfo:
     state: JobState
     task: str | None
     attempts: int
-    payload: str
+    payload: str | bytes
     max_attempts: int | None = None
     priority: int = 0
     run_at: float | None = None

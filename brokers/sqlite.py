@@ -1,0 +1,421 @@
+"""SqliteBroker: the embedded default (``sqlite:///path/to/file.db``), no server needed.
+
+One file holds the queue; several worker processes on one machine share it. The database runs in
+WAL mode so readers never block the writer, and every claim and settle is one ``BEGIN IMMEDIATE``
+transaction, so two processes can never claim the same row. The statements and the table layout
+live in ``sqlite.sql``.
+
+URL options (query string): ``synchronous=full|normal`` (default ``full``: a committed job
+survives a power cut; ``normal`` is faster and survives a process crash, not an OS crash).
+
+sqlite3 is blocking, so each broker runs its statements on a worker thread, one at a time.
+Waiting for work polls ``PRAGMA data_version`` (cheap, takes no lock), which changes whenever
+another connection commits; producers in the same process wake waiters directly.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+from urllib.parse import parse_qs, urlsplit
+
+import anyio
+
+from taskkit.broker import Broker, redact_url
+from taskkit.errors import BrokerError, BrokerUnavailable, BrokerURLError
+from taskkit.job import (
+    Delivery,
+    Job,
+    JobInfo,
+    JobState,
+    Lease,
+    QueueStats,
+    new_job_id,
+    peek_task,
+)
+from taskkit.outcome import Complete, DeadLetter, Outcome, Retry
+
+T = TypeVar("T")
+
+
+def _load_sql() -> dict[str, str]:
+    text = (Path(__file__).with_name("sqlite.sql")).read_text(encoding="utf-8")
+    sections: dict[str, str] = {}
+    name: str | None = None
+    for line in text.splitlines():
+        if line.startswith("-- name: "):
+            name = line.removeprefix("-- name: ").strip()
+            sections[name] = ""
+        elif name is not None:
+            sections[name] += line + "\n"
+    return {k: v.strip() for k, v in sections.items()}
+
+
+SQL = _load_sql()
+
+# Wakes waiters in this process as soon as a job is enqueued on the same file.
+_LOCAL_WAKEUPS: dict[str, set[anyio.Event]] = {}
+_POLL_MIN, _POLL_MAX = 0.002, 0.05
+
+
+class SqliteBroker(Broker):
+    """Jobs in one SQLite file; see the module docstring."""
+
+    def __init__(self, url: str = "sqlite:///taskkit.db", **options: Any) -> None:
+        super().__init__(url)
+        parts = urlsplit(url)
+        if parts.scheme != "sqlite" or parts.netloc not in ("", "localhost"):
+            raise BrokerURLError(
+                f"invalid SQLite URL {redact_url(url)!r}: use sqlite:///relative/path.db "
+                "or sqlite:////absolute/path.db"
+            )
+        path = parts.path[1:] if parts.path.startswith("/") else parts.path
+        if not path:
+            raise BrokerURLError(f"SQLite URL {url!r} names no file: use sqlite:///taskkit.db")
+        self.path = str(Path(path).resolve()) if path != ":memory:" else path
+        query = {k: v[-1] for k, v in parse_qs(parts.query).items()}
+        self._synchronous = query.get("synchronous", options.get("synchronous", "full")).upper()
+        if self._synchronous not in ("FULL", "NORMAL"):
+            raise BrokerURLError("synchronous must be 'full' or 'normal'")
+        self._conn: sqlite3.Connection | None = None
+        self._limiter = anyio.CapacityLimiter(1)
+
+    # -- plumbing ----------------------------------------------------------------------------
+
+    async def connect(self) -> None:
+        if self._conn is not None:
+            return
+        try:
+            self._conn = await anyio.to_thread.run_sync(self._open)
+        except sqlite3.Error as exc:
+            raise BrokerUnavailable(f"cannot open SQLite database {self.path}: {exc}") from exc
+
+    def _open(self) -> sqlite3.Connection:
+        conn = sqlite3.connect(
+            self.path, timeout=30.0, isolation_level=None, check_same_thread=False
+        )
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute(f"PRAGMA synchronous={self._synchronous}")
+        conn.execute("PRAGMA busy_timeout=30000")
+        with _immediate(conn):
+            _run_script(conn, SQL["schema"])
+        return conn
+
+    async def close(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            await anyio.to_thread.run_sync(conn.close, limiter=self._limiter)
+
+    async def _call(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        conn = self._conn
+        if conn is None:
+            raise BrokerError(f"{self!r} is not connected: use 'async with broker:' first")
+
+        def run() -> T:
+            try:
+                return fn(conn)
+            except sqlite3.Error as exc:
+                raise BrokerError(f"SQLite error on {self.path}: {exc}") from exc
+
+        return await anyio.to_thread.run_sync(run, limiter=self._limiter)
+
+    def _wake_local(self) -> None:
+        for event in _LOCAL_WAKEUPS.pop(self.path, set()):
+            event.set()
+
+    # -- producing -------------------------------------------------------------------------
+
+    async def enqueue(self, jobs: Sequence[Job], now: float) -> list[str]:
+        if not jobs:
+            return []
+
+        def tx(conn: sqlite3.Connection) -> list[str]:
+            ids: list[str] = []
+            with _immediate(conn):
+                for job in jobs:
+                    if job.dedupe_key is not None:
+                        row = conn.execute(SQL["find_active_dedupe"], (job.dedupe_key,)).fetchone()
+                        if row is not None:
+                            ids.append(row[0])
+                            continue
+                    run_at = now if job.run_at is None else job.run_at
+                    conn.execute(
+                        SQL["insert"],
+                        (job.id, job.queue, job.task, job.priority, run_at, job.max_attempts,
+                         job.to_wire(), job.dedupe_key, now),
+                    )
+                    ids.append(job.id)
+            return ids
+
+        ids = await self._call(tx)
+        self._wake_local()
+        return ids
+
+    async def enqueue_raw(self, queue: str, payload: bytes | str, now: float) -> str:
+        text: str | bytes = payload
+        if isinstance(payload, bytes):
+            try:
+                text = payload.decode("utf-8")
+            except UnicodeDecodeError:
+                pass  # stored as a BLOB, so the worker can say what is wrong with it
+        job_id = new_job_id()
+
+        def tx(conn: sqlite3.Connection) -> None:
+            with _immediate(conn):
+                conn.execute(
+                    SQL["insert"], (job_id, queue, peek_task(text), 0, now, None, text, None, now)
+                )
+
+        await self._call(tx)
+        self._wake_local()
+        return job_id
+
+    # -- consuming -------------------------------------------------------------------------
+
+    async def reserve(
+        self, queues: Sequence[str], limit: int, lease_for: float, wait: float, now: float
+    ) -> list[Delivery]:
+        started = time.monotonic()
+        deadline = started + max(0.0, wait)
+        version = await self._call(_data_version)
+        pause = _POLL_MIN
+        while True:
+            effective_now = now + (time.monotonic() - started)
+            got = await self._call(lambda c: self._claim(c, queues, limit, lease_for, effective_now))
+            if got or time.monotonic() >= deadline:
+                return got
+            # Sleep until someone in this process enqueues, or poll for other processes' commits.
+            event = anyio.Event()
+            _LOCAL_WAKEUPS.setdefault(self.path, set()).add(event)
+            while time.monotonic() < deadline and not event.is_set():
+                with anyio.move_on_after(min(pause, deadline - time.monotonic())):
+                    await event.wait()
+                new_version = await self._call(_data_version)
+                if new_version != version:
+                    version = new_version
+                    break
+                pause = min(pause * 2, _POLL_MAX)
+                # Scheduled jobs come due without anyone committing: try again now and then.
+                if pause >= _POLL_MAX:
+                    break
+            _LOCAL_WAKEUPS.get(self.path, set()).discard(event)
+
+    def _claim(
+        self, conn: sqlite3.Connection, queues: Sequence[str], limit: int, lease_for: float,
+        now: float,
+    ) -> list[Delivery]:
+        out: list[Delivery] = []
+        with _immediate(conn):
+            for queue in queues:
+                if len(out) >= limit:
+                    break
+                if conn.execute(SQL["is_paused"], (queue,)).fetchone():
+                    continue
+                rows = conn.execute(
+                    SQL["claim"],
+                    {"queue": queue, "now": now, "limit": limit - len(out),
+                     "lease_until": now + lease_for},
+                ).fetchall()
+                rows.sort(key=lambda r: (-r[6], r[7], r[8]))  # RETURNING has no order
+                out.extend(
+                    Delivery(Lease(r[0], r[4], r[1]), r[2], r[3], r[5]) for r in rows
+                )
+        return out
+
+    async def extend(self, leases: Sequence[Lease], lease_for: float, now: float) -> list[Lease]:
+        if not leases:
+            return []
+
+        def tx(conn: sqlite3.Connection) -> list[Lease]:
+            with _immediate(conn):
+                return [
+                    lease for lease in leases
+                    if conn.execute(SQL["extend"], (now + lease_for, lease.job_id, lease.token))
+                    .rowcount == 0
+                ]
+
+        return await self._call(tx)
+
+    async def settle(self, items: Sequence[tuple[Lease, Outcome]], now: float) -> list[bool]:
+        if not items:
+            return []
+
+        def tx(conn: sqlite3.Connection) -> list[bool]:
+            with _immediate(conn):
+                return [_settle_one(conn, lease, outcome, now) for lease, outcome in items]
+
+        applied = await self._call(tx)
+        self._wake_local()
+        return applied
+
+    async def release(self, leases: Sequence[Lease], now: float) -> None:
+        if not leases:
+            return
+
+        def tx(conn: sqlite3.Connection) -> None:
+            with _immediate(conn):
+                conn.executemany(SQL["release"], [(now, ls.job_id, ls.token) for ls in leases])
+
+        await self._call(tx)
+        self._wake_local()
+
+    async def reclaim_expired(
+        self, queues: Sequence[str], lease_for: float, limit: int, now: float
+    ) -> list[Delivery]:
+        def tx(conn: sqlite3.Connection) -> list[Delivery]:
+            out: list[Delivery] = []
+            with _immediate(conn):
+                for queue in queues:
+                    rows = conn.execute(
+                        SQL["reclaim"],
+                        {"queue": queue, "now": now, "limit": limit - len(out),
+                         "lease_until": now + lease_for},
+                    ).fetchall()
+                    out.extend(Delivery(Lease(r[0], r[4], r[1]), r[2], r[3], r[5]) for r in rows)
+                    if len(out) >= limit:
+                        break
+            return out
+
+        return await self._call(tx)
+
+    # -- admin -----------------------------------------------------------------------------
+
+    async def get_job(self, job_id: str, now: float) -> JobInfo | None:
+        row = await self._call(lambda c: c.execute(SQL["get"], (job_id,)).fetchone())
+        if row is None or (row[14] is not None and row[14] <= now):
+            return None
+        return _info(row, now)
+
+    async def stats(self, now: float) -> dict[str, QueueStats]:
+        def read(conn: sqlite3.Connection) -> dict[str, QueueStats]:
+            out = {
+                q: QueueStats(ready=r or 0, scheduled=s or 0, running=n or 0, dead=d or 0)
+                for q, r, s, n, d in conn.execute(SQL["stats"], {"now": now})
+            }
+            for (queue,) in conn.execute(SQL["paused"]):
+                out.setdefault(queue, QueueStats()).paused = True
+            return out
+
+        return await self._call(read)
+
+    async def list_dead(self, queue: str | None, limit: int) -> list[JobInfo]:
+        rows = await self._call(
+            lambda c: c.execute(SQL["list_dead"], {"queue": queue, "limit": limit}).fetchall()
+        )
+        return [_info(r, 0.0) for r in rows]
+
+    def _select_dead(
+        self, conn: sqlite3.Connection, ids: Sequence[str] | None, queue: str | None
+    ) -> list[tuple[str, str | None]]:
+        rows: list[tuple[str, str | None]] = conn.execute(
+            SQL["select_dead"], {"queue": queue}
+        ).fetchall()
+        if ids is not None:
+            wanted = set(ids)
+            rows = [r for r in rows if r[0] in wanted]
+        return rows
+
+    async def requeue_dead(
+        self, ids: Sequence[str] | None, queue: str | None, now: float
+    ) -> list[str]:
+        def tx(conn: sqlite3.Connection) -> list[str]:
+            done: list[str] = []
+            with _immediate(conn):
+                for job_id, key in self._select_dead(conn, ids, queue):
+                    if key is not None and conn.execute(SQL["find_active_dedupe"], (key,)).fetchone():
+                        continue  # another job holds the key now; this one stays dead
+                    conn.execute(SQL["requeue"], (now, job_id))
+                    done.append(job_id)
+            return done
+
+        done = await self._call(tx)
+        self._wake_local()
+        return done
+
+    async def purge_dead(self, ids: Sequence[str] | None, queue: str | None) -> int:
+        def tx(conn: sqlite3.Connection) -> int:
+            with _immediate(conn):
+                rows = self._select_dead(conn, ids, queue)
+                conn.executemany(SQL["purge"], [(r[0],) for r in rows])
+                return len(rows)
+
+        return await self._call(tx)
+
+    async def set_paused(self, queue: str, paused: bool) -> None:
+        def tx(conn: sqlite3.Connection) -> None:
+            with _immediate(conn):
+                conn.execute(SQL["pause" if paused else "resume"], (queue,))
+
+        await self._call(tx)
+        if not paused:
+            self._wake_local()
+
+    async def purge_expired_results(self, now: float) -> int:
+        """Delete kept results whose time is up. Returns how many rows went."""
+
+        def tx(conn: sqlite3.Connection) -> int:
+            with _immediate(conn):
+                return conn.execute(SQL["purge_expired_results"], (now,)).rowcount
+
+        return await self._call(tx)
+
+
+class _immediate:
+    """``BEGIN IMMEDIATE`` ... ``COMMIT`` (``ROLLBACK`` on error): takes the write lock up front,
+    so a read-then-write never races another process."""
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self.conn = conn
+
+    def __enter__(self) -> sqlite3.Connection:
+        self.conn.execute("BEGIN IMMEDIATE")
+        return self.conn
+
+    def __exit__(self, exc_type: type[BaseException] | None, *rest: object) -> None:
+        self.conn.execute("ROLLBACK" if exc_type else "COMMIT")
+
+
+def _run_script(conn: sqlite3.Connection, script: str) -> None:
+    # executescript() would COMMIT our open transaction; run the statements one by one instead.
+    for statement in script.split(";"):
+        if statement.strip():
+            conn.execute(statement)
+
+
+def _data_version(conn: sqlite3.Connection) -> int:
+    return int(conn.execute("PRAGMA data_version").fetchone()[0])
+
+
+def _settle_one(conn: sqlite3.Connection, lease: Lease, outcome: Outcome, now: float) -> bool:
+    key = (lease.job_id, lease.token)
+    if isinstance(outcome, Complete):
+        if outcome.keep_until is None:
+            cur = conn.execute(SQL["complete_delete"], key)
+        else:
+            cur = conn.execute(
+                SQL["complete_keep"], (outcome.result, outcome.keep_until, now, *key)
+            )
+    elif isinstance(outcome, Retry):
+        refund = 0 if outcome.charge_attempt else 1
+        cur = conn.execute(SQL["retry"], (outcome.run_at, outcome.error, refund, *key))
+    elif isinstance(outcome, DeadLetter):
+        cur = conn.execute(SQL["dead"], (outcome.error, now, *key))
+    else:  # pragma: no cover - Outcome is a closed union
+        raise TypeError(f"unknown outcome {outcome!r}")
+    return cur.rowcount == 1
+
+
+def _info(row: tuple[Any, ...], now: float) -> JobInfo:
+    (job_id, queue, task, state, attempts, payload, max_attempts, priority, run_at, enqueued_at,
+     finished_at, last_error, result, dedupe_key, _expires) = row
+    st = JobState(state)
+    if st is JobState.PENDING and run_at > now:
+        st = JobState.SCHEDULED
+    return JobInfo(
+        id=job_id, queue=queue, state=st, task=task, attempts=attempts, payload=payload,
+        max_attempts=max_attempts, priority=priority, run_at=run_at, enqueued_at=enqueued_at,
+        finished_at=finished_at, last_error=last_error, result=result, dedupe_key=dedupe_key,
+    )

@@ -1,0 +1,127 @@
+"""App: a router plus a broker, and the producer API (enqueue, job status, results).
+
+    app = App(router, "sqlite:///taskkit.db")
+    async with app:
+        handle = await app.enqueue(add, 2, 3)          # type-checked against add(a, b)
+        print(await handle.result(timeout=10))
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from types import TracebackType
+from typing import Any, Generic, ParamSpec, Self, TypeVar, cast
+
+import anyio
+
+from taskkit.broker import Broker, broker_from_url
+from taskkit.clock import Clock, SystemClock
+from taskkit.errors import ConfigurationError, JobDead, ResultTimeout
+from taskkit.job import Job, JobInfo, JobState
+from taskkit.router import Router
+from taskkit.task import Task
+from taskkit.worker import Worker, WorkerSettings
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+class App:
+    """The producer's entry point. ``broker`` is a Broker or a URL (``None``: resolved from
+    ``TASKKIT_BROKER_URL``, else ``sqlite:///taskkit.db``). Use as ``async with app:``."""
+
+    def __init__(
+        self,
+        router: Router | None = None,
+        broker: Broker | str | None = None,
+        *,
+        clock: Clock | None = None,
+    ) -> None:
+        self.router = router or Router()
+        self.broker = broker if isinstance(broker, Broker) else broker_from_url(broker)
+        self.clock: Clock = clock or SystemClock()
+
+    def __repr__(self) -> str:
+        return f"<App {self.broker!r} tasks={len(self.router)}>"
+
+    async def __aenter__(self) -> Self:
+        await self.broker.connect()
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.broker.close()
+
+    # -- producing -----------------------------------------------------------------------------
+
+    async def enqueue(self, task: Task[P, R], /, *args: P.args, **kwargs: P.kwargs) -> JobHandle[R]:
+        """Enqueue one call of ``task``. Arguments are validated against its signature first
+        (ArgumentsInvalid, nothing stored). Per-call options: ``task.options(delay=...)``."""
+        job = task.build_job(args, kwargs, self.clock.now())
+        [job_id] = await self.broker.enqueue([job], self.clock.now())
+        return JobHandle(self, job_id)
+
+    async def enqueue_jobs(self, jobs: Sequence[Job]) -> list[JobHandle[Any]]:
+        """Store prepared jobs in one broker round trip."""
+        ids = await self.broker.enqueue(jobs, self.clock.now())
+        return [JobHandle(self, i) for i in ids]
+
+    def job_for(
+        self, task_name: str, args: Sequence[Any] = (), kwargs: dict[str, Any] | None = None
+    ) -> Job:
+        """A validated job for a task looked up by name (the CLI's path)."""
+        task = self.router.get(task_name)
+        if task is None:
+            known = ", ".join(self.router.names()) or "none"
+            raise ConfigurationError(f"no task named {task_name!r} in the router (known: {known})")
+        return task.build_job(tuple(args), dict(kwargs or {}), self.clock.now())
+
+    # -- reading ---------------------------------------------------------------------------------
+
+    async def job(self, job_id: str) -> JobInfo | None:
+        """The job's state, or None when the broker keeps nothing of it (done, result not kept)."""
+        return await self.broker.get_job(job_id, self.clock.now())
+
+    # -- consuming -------------------------------------------------------------------------------
+
+    def worker(self, settings: WorkerSettings | None = None) -> Worker:
+        """A worker for this app's router and broker (connect the broker first)."""
+        return Worker(self.router, self.broker, settings, self.clock)
+
+
+class JobHandle(Generic[R]):
+    """A reference to an enqueued job: its id, its state, and its result when kept."""
+
+    def __init__(self, app: App, job_id: str) -> None:
+        self.app = app
+        self.id = job_id
+
+    def __repr__(self) -> str:
+        return f"<JobHandle {self.id}>"
+
+    async def info(self) -> JobInfo | None:
+        return await self.app.job(self.id)
+
+    async def result(self, timeout: float | None = None) -> R:
+        """Wait for the job's kept return value. Raises JobDead if it went dead, ResultTimeout
+        if it is not done within ``timeout`` seconds. Polls with a growing pause (10 ms to
+        0.5 s), or sooner when the broker signals a change."""
+        pause = 0.01
+        with anyio.move_on_after(timeout if timeout is not None else float("inf")):
+            while True:
+                info = await self.info()
+                if info is None:
+                    raise ConfigurationError(
+                        f"job {self.id} is unknown or its result was not kept: give the task "
+                        "keep_result=SECONDS to read results"
+                    )
+                if info.state is JobState.DONE:
+                    return cast(R, None if info.result is None else json.loads(info.result))
+                if info.state is JobState.DEAD:
+                    raise JobDead(self.id, info.last_error)
+                await self.app.broker.wait_for_change(self.id, pause)
+                pause = min(pause * 2, 0.5)
+        raise ResultTimeout(f"job {self.id} did not finish within {timeout}s")

@@ -1,0 +1,112 @@
+"""Router: the registry of tasks by name that a worker serves and a producer enqueues from."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Coroutine, Iterator
+from typing import Any, ParamSpec, TypeVar, overload
+
+from taskkit.errors import DuplicateTaskName
+from taskkit.job import DEFAULT_QUEUE
+from taskkit.retry import DEFAULT_MAX_ATTEMPTS, Backoff
+from taskkit.task import Task, TaskDecorator, make_options
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+class Router:
+    """Tasks by name. ``@router.task`` registers a function; ``include`` merges another router."""
+
+    def __init__(self) -> None:
+        self._tasks: dict[str, Task[Any, Any]] = {}
+
+    def __repr__(self) -> str:
+        return f"<Router tasks={sorted(self._tasks)}>"
+
+    def __iter__(self) -> Iterator[Task[Any, Any]]:
+        return iter(self._tasks.values())
+
+    def __len__(self) -> int:
+        return len(self._tasks)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._tasks
+
+    @overload
+    def task(self, fn: Callable[P, Coroutine[Any, Any, R]], /) -> Task[P, R]: ...
+    @overload
+    def task(self, fn: Callable[P, R], /) -> Task[P, R]: ...
+    @overload
+    def task(
+        self,
+        /,
+        *,
+        name: str | None = None,
+        queue: str = DEFAULT_QUEUE,
+        priority: int = 0,
+        max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+        backoff: Backoff | None = None,
+        retry_on: tuple[type[BaseException], ...] = (Exception,),
+        dead_on: tuple[type[BaseException], ...] = (),
+        timeout: float | None = None,
+        keep_result: float | None = None,
+    ) -> TaskDecorator: ...
+    def task(
+        self,
+        fn: Callable[..., Any] | None = None,
+        /,
+        *,
+        name: str | None = None,
+        queue: str = DEFAULT_QUEUE,
+        priority: int = 0,
+        max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+        backoff: Backoff | None = None,
+        retry_on: tuple[type[BaseException], ...] = (Exception,),
+        dead_on: tuple[type[BaseException], ...] = (),
+        timeout: float | None = None,
+        keep_result: float | None = None,
+    ) -> Task[Any, Any] | TaskDecorator:
+        """Register a function as a task: ``@router.task`` or ``@router.task(queue="mail")``.
+
+        Options: ``name`` (default ``module.function``), ``queue``, ``priority`` (higher runs
+        first), ``max_attempts`` (executions, default 3), ``backoff`` (default 5 s doubling,
+        capped at 600 s), ``retry_on`` / ``dead_on`` (exception types that retry / go straight to
+        the dead letters), ``timeout`` (seconds), ``keep_result`` (seconds to keep the result).
+        """
+        options = make_options(
+            queue=queue, priority=priority, max_attempts=max_attempts, backoff=backoff,
+            retry_on=retry_on, dead_on=dead_on, timeout=timeout, keep_result=keep_result,
+        )
+        decorator = TaskDecorator(name, options, self.register)
+        return decorator(fn) if fn is not None else decorator
+
+    def register(self, task: Task[P, R]) -> Task[P, R]:
+        """Add a task made with the bare ``@task``. Refuses a second definition of a name."""
+        existing = self._tasks.get(task.name)
+        if existing is not None and not _same_definition(existing, task):
+            raise DuplicateTaskName(
+                f"task name {task.name!r} is defined twice: {existing.definition} and "
+                f"{task.definition}; give one of them another name with name=..."
+            )
+        self._tasks[task.name] = task
+        return task
+
+    def include(self, other: Router) -> None:
+        """Register every task of ``other`` here (names must not clash)."""
+        for t in other:
+            self.register(t)
+
+    def get(self, name: str) -> Task[Any, Any] | None:
+        return self._tasks.get(name)
+
+    def names(self) -> list[str]:
+        return sorted(self._tasks)
+
+    def queues(self) -> list[str]:
+        """Every queue the registered tasks use, in a stable order."""
+        return sorted({t.settings.queue for t in self._tasks.values()})
+
+
+def _same_definition(a: Task[Any, Any], b: Task[Any, Any]) -> bool:
+    # The same function seen twice (a module imported under two names) is not a clash.
+    return a.fn is b.fn or a.definition == b.definition

@@ -1,0 +1,271 @@
+"""``@task``: a function (async or plain) with a name and the options the worker runs it under.
+
+A ``Task`` keeps the function's signature in its type (``Task[P, R]``), so producer calls such as
+``await app.enqueue(send_email, "a@example.com", retries=3)`` are checked by mypy against the
+function's parameters. Arguments are checked again with pydantic at enqueue time and at run time.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import json
+import typing
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Generic, ParamSpec, TypeVar, overload
+
+from pydantic import BaseModel, ConfigDict, ValidationError, create_model
+from pydantic_core import to_jsonable_python
+
+from taskkit.errors import ArgumentsInvalid, ConfigurationError, EnqueueError
+from taskkit.job import DEFAULT_QUEUE, Job, validate_queue_name
+from taskkit.retry import DEFAULT_MAX_ATTEMPTS, Backoff, RetryPolicy
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+@dataclass(frozen=True, slots=True)
+class TaskOptions:
+    """How the worker runs a task, and the defaults its jobs are enqueued with."""
+
+    queue: str = DEFAULT_QUEUE
+    priority: int = 0
+    policy: RetryPolicy = field(default_factory=RetryPolicy)
+    timeout: float | None = None
+    keep_result: float | None = None  # seconds to keep the return value; None keeps nothing
+
+
+@dataclass(frozen=True, slots=True)
+class EnqueueOptions:
+    """Per-call overrides set with ``task.options(...)``."""
+
+    queue: str | None = None
+    priority: int | None = None
+    delay: float | None = None
+    run_at: float | None = None
+    dedupe_key: str | None = None
+    max_attempts: int | None = None
+
+
+class Task(Generic[P, R]):
+    """A registered unit of work. Calling it runs the function directly, in this process."""
+
+    def __init__(
+        self,
+        fn: Callable[P, Awaitable[R]] | Callable[P, R],
+        name: str,
+        options: TaskOptions,
+        enqueue_options: EnqueueOptions | None = None,
+    ) -> None:
+        self.fn = fn
+        self.name = name
+        self.settings = options
+        self.enqueue_options = enqueue_options or EnqueueOptions()
+        self.is_async = inspect.iscoroutinefunction(fn)
+        self._signature = inspect.signature(fn)
+        self._model = _arguments_model(fn, self._signature, name)
+
+    def __repr__(self) -> str:
+        return f"<Task {self.name} queue={self.settings.queue}>"
+
+    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> Awaitable[R] | R:
+        return self.fn(*args, **kwargs)
+
+    @property
+    def definition(self) -> str:
+        """Where the function is defined, for error messages: ``module.qualname (file:line)``."""
+        code = getattr(self.fn, "__code__", None)
+        where = f" ({code.co_filename}:{code.co_firstlineno})" if code is not None else ""
+        return f"{self.fn.__module__}.{self.fn.__qualname__}{where}"
+
+    def options(
+        self,
+        *,
+        queue: str | None = None,
+        priority: int | None = None,
+        delay: float | None = None,
+        run_at: float | None = None,
+        dedupe_key: str | None = None,
+        max_attempts: int | None = None,
+    ) -> Task[P, R]:
+        """A copy of this task whose next enqueue uses these options; the signature is kept, so
+        ``app.enqueue(send.options(delay=60), "a@example.com")`` is still type-checked."""
+        if queue is not None:
+            validate_queue_name(queue)
+        if max_attempts is not None and max_attempts < 1:
+            raise ConfigurationError("max_attempts must be at least 1")
+        overrides = EnqueueOptions(queue, priority, delay, run_at, dedupe_key, max_attempts)
+        merged = dataclasses.replace(
+            self.enqueue_options,
+            **{k: v for k, v in dataclasses.asdict(overrides).items() if v is not None},
+        )
+        return Task(self.fn, self.name, self.settings, merged)
+
+    # -- the producer side -------------------------------------------------------------------
+
+    def build_job(self, args: tuple[Any, ...], kwargs: dict[str, Any], now: float) -> Job:
+        """The job for a call with these arguments. Raises ArgumentsInvalid when they do not fit
+        the signature, EnqueueError when they cannot be sent as JSON. Nothing is stored."""
+        self.check_arguments(args, kwargs)
+        try:
+            wire_args = to_jsonable_python(list(args))
+            wire_kwargs = to_jsonable_python(kwargs)
+            json.dumps([wire_args, wire_kwargs], allow_nan=False)
+        except (TypeError, ValueError) as exc:
+            raise EnqueueError(
+                f"arguments of {self.name} cannot be sent as JSON: {exc}; pass plain data "
+                "(str, int, float, bool, None, lists, dicts) or pydantic models"
+            ) from None
+        opts = self.enqueue_options
+        run_at = opts.run_at
+        if opts.delay is not None:
+            run_at = now + opts.delay
+        return Job(
+            task=self.name,
+            args=wire_args,
+            kwargs=wire_kwargs,
+            queue=opts.queue or self.settings.queue,
+            priority=self.settings.priority if opts.priority is None else opts.priority,
+            max_attempts=opts.max_attempts,
+            dedupe_key=opts.dedupe_key,
+            run_at=run_at,
+            enqueued_at=now,
+        )
+
+    def check_arguments(
+        self, args: Sequence[Any], kwargs: dict[str, Any]
+    ) -> tuple[list[Any], dict[str, Any]]:
+        """Bind and validate arguments; returns them coerced to the annotated types.
+        Raises ArgumentsInvalid naming the argument at fault."""
+        try:
+            bound = self._signature.bind(*args, **kwargs)
+        except TypeError as exc:
+            raise ArgumentsInvalid(f"{self.name}: {exc}") from None
+        if self._model is None:
+            return list(bound.args), dict(bound.kwargs)
+        named = {
+            k: v for k, v in bound.arguments.items()
+            if self._signature.parameters[k].kind
+            not in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+        }
+        try:
+            checked = self._model.model_validate(named)
+        except ValidationError as exc:
+            problems = "; ".join(
+                f"argument {'.'.join(str(p) for p in e['loc'])!r}: {e['msg']}"
+                for e in exc.errors()[:5]
+            )
+            raise ArgumentsInvalid(f"{self.name}: {problems}") from None
+        for k in named:
+            bound.arguments[k] = getattr(checked, k)
+        return list(bound.args), dict(bound.kwargs)
+
+    # -- the worker side ---------------------------------------------------------------------
+
+    async def invoke(self, args: list[Any], kwargs: dict[str, Any]) -> R:
+        """Run an async function on the event loop. Plain functions go through the worker's
+        thread pool instead (see taskkit.worker)."""
+        result = self.fn(*args, **kwargs)
+        return await typing.cast(Awaitable[R], result)
+
+
+
+def _arguments_model(
+    fn: Callable[..., Any], signature: inspect.Signature, name: str
+) -> type[BaseModel] | None:
+    """A pydantic model of the function's named parameters, or None when there are none."""
+    try:
+        hints = typing.get_type_hints(fn)
+    except Exception:  # unresolvable forward references: fall back to no type checking
+        hints = {}
+    fields: dict[str, Any] = {}
+    for pname, param in signature.parameters.items():
+        if param.kind in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD):
+            continue
+        annotation = hints.get(pname, Any)
+        default = ... if param.default is inspect.Parameter.empty else param.default
+        fields[pname] = (annotation, default)
+    if not fields:
+        return None
+    safe = "".join(c if c.isalnum() else "_" for c in name)
+    try:
+        return create_model(
+            f"Args_{safe}", __config__=ConfigDict(arbitrary_types_allowed=True), **fields
+        )
+    except Exception as exc:
+        raise ConfigurationError(f"task {name}: cannot build an argument validator: {exc}") from exc
+
+
+def default_task_name(fn: Callable[..., Any]) -> str:
+    """``module.function``, the name a task gets unless ``name=`` is given."""
+    return f"{fn.__module__}.{fn.__qualname__}"
+
+
+def make_options(
+    *,
+    queue: str = DEFAULT_QUEUE,
+    priority: int = 0,
+    max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+    backoff: Backoff | None = None,
+    retry_on: tuple[type[BaseException], ...] = (Exception,),
+    dead_on: tuple[type[BaseException], ...] = (),
+    timeout: float | None = None,
+    keep_result: float | None = None,
+) -> TaskOptions:
+    """Validate decorator arguments into TaskOptions."""
+    validate_queue_name(queue)
+    if max_attempts < 1:
+        raise ConfigurationError(f"max_attempts must be at least 1, got {max_attempts}")
+    if timeout is not None and timeout <= 0:
+        raise ConfigurationError(f"timeout must be positive, got {timeout}")
+    policy = RetryPolicy(max_attempts, backoff or Backoff(), tuple(retry_on), tuple(dead_on))
+    return TaskOptions(queue, priority, policy, timeout, keep_result)
+
+
+class TaskDecorator:
+    """What ``@task(...)`` returns before it sees the function."""
+
+    def __init__(self, name: str | None, options: TaskOptions,
+                 register: Callable[[Task[Any, Any]], object] | None) -> None:
+        self._name = name
+        self._options = options
+        self._register = register
+
+    @overload
+    def __call__(self, fn: Callable[P, Coroutine[Any, Any, R]]) -> Task[P, R]: ...
+    @overload
+    def __call__(self, fn: Callable[P, R]) -> Task[P, R]: ...
+    def __call__(self, fn: Callable[P, Any]) -> Task[P, Any]:
+        t: Task[P, Any] = Task(fn, self._name or default_task_name(fn), self._options)
+        if self._register is not None:
+            self._register(t)
+        return t
+
+
+@overload
+def task(fn: Callable[P, Coroutine[Any, Any, R]], /) -> Task[P, R]: ...
+@overload
+def task(fn: Callable[P, R], /) -> Task[P, R]: ...
+@overload
+def task(
+    *,
+    name: str | None = None,
+    queue: str = DEFAULT_QUEUE,
+    priority: int = 0,
+    max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+    backoff: Backoff | None = None,
+    retry_on: tuple[type[BaseException], ...] = (Exception,),
+    dead_on: tuple[type[BaseException], ...] = (),
+    timeout: float | None = None,
+    keep_result: float | None = None,
+) -> TaskDecorator: ...
+def task(fn: Callable[..., Any] | None = None, /, *, name: str | None = None,
+         **options: Any) -> Task[Any, Any] | TaskDecorator:
+    """Make a task that a router can register later (``router.register(t)``).
+
+    Use bare (``@task``) or with options (``@task(queue="mail", max_attempts=5)``).
+    """
+    decorator = TaskDecorator(name, make_options(**options), None)
+    return decorator(fn) if fn is not None else decorator

@@ -1,0 +1,458 @@
+"""The worker: claim → run → decide → settle, with heartbeats, recovery and graceful shutdown.
+
+One worker process runs these loops side by side on anyio:
+
+- claim: reserve as many jobs as there are free slots (one broker call for the batch) and start
+  each in the jobs task group; async tasks run on the event loop, plain functions in threads;
+- settle: outcomes queue up and are written in batches, one broker call per batch;
+- heartbeat: every ``heartbeat_every`` seconds, extend every running job's lease in one call,
+  and cancel any job whose lease was lost (another worker has it now);
+- recovery: every ``recovery_every`` seconds (and once at start-up), take over jobs whose lease
+  ran out under any worker, dead or alive, and retry or dead-letter them.
+
+On ``stop()`` (SIGTERM/SIGINT under ``taskkit worker``) it stops claiming, gives running jobs
+``grace_period`` seconds, cancels the rest and hands them back without charging an attempt.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import math
+import os
+import secrets
+import signal
+import socket
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+import anyio.to_thread
+from anyio.abc import TaskGroup
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic_core import to_jsonable_python
+
+from taskkit.broker import Broker
+from taskkit.clock import Clock, SystemClock
+from taskkit.errors import (
+    ArgumentsInvalid,
+    JobTimeout,
+    PayloadInvalid,
+    TaskkitError,
+    UnknownTask,
+)
+from taskkit.job import Delivery, Job, Lease, decode_job, validate_queue_name
+from taskkit.outcome import Complete, DeadLetter, Outcome
+from taskkit.retry import DEFAULT_MAX_ATTEMPTS, RetryPolicy, describe_error
+from taskkit.router import Router
+from taskkit.task import Task
+
+log = logging.getLogger("taskkit.worker")
+
+
+def default_worker_id() -> str:
+    """``host-pid-random``; ``TASKKIT_WORKER_ID`` overrides it."""
+    env = os.environ.get("TASKKIT_WORKER_ID")
+    if env:
+        return env
+    return f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
+
+
+class WorkerSettings(BaseModel):
+    """Everything a worker can be told. ``queues=None`` serves every queue the router uses."""
+
+    model_config = ConfigDict(frozen=True)
+
+    queues: list[str] | None = None
+    concurrency: int = Field(10, ge=1, le=10_000)
+    lease_for: float = Field(30.0, gt=0)
+    heartbeat_every: float | None = Field(None, gt=0)
+    recovery_every: float | None = Field(None, gt=0)
+    poll_wait: float = Field(1.0, gt=0)
+    grace_period: float = Field(10.0, ge=0)
+    burst: bool = False
+    worker_id: str = Field(default_factory=default_worker_id)
+
+    @field_validator("queues")
+    @classmethod
+    def _queues(cls, value: list[str] | None) -> list[str] | None:
+        if value is not None:
+            if not value:
+                raise ValueError("queues must name at least one queue")
+            for q in value:
+                validate_queue_name(q)
+        return value
+
+    @property
+    def heartbeat_interval(self) -> float:
+        return self.heartbeat_every or self.lease_for / 3
+
+    @property
+    def recovery_interval(self) -> float:
+        # Recovery runs often enough that an orphan waits about a lease, not an hour.
+        return self.recovery_every or min(max(self.lease_for / 2, 0.05), 10.0)
+
+
+@dataclass(eq=False)
+class _Running:
+    lease: Lease
+    scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
+    lost: bool = False
+    shutting_down: bool = False
+
+
+class Worker:
+    """Runs a router's tasks from a broker. ``await worker.run()`` until ``stop()``."""
+
+    def __init__(
+        self,
+        router: Router,
+        broker: Broker,
+        settings: WorkerSettings | None = None,
+        clock: Clock | None = None,
+    ) -> None:
+        self.router = router
+        self.broker = broker
+        self.settings = settings or WorkerSettings()
+        self.clock: Clock = clock or SystemClock()
+        self.queues = list(self.settings.queues or router.queues() or ["default"])
+        self.id = self.settings.worker_id
+        self._running: dict[str, _Running] = {}
+        self._slot_freed = anyio.Event()
+        self._stop = anyio.Event()
+        self._pending_settles: list[tuple[Lease, Outcome]] = []
+        self._settle_wanted = anyio.Event()
+        self._to_release: list[Lease] = []
+        self._threads = anyio.CapacityLimiter(self.settings.concurrency)
+        self.processed = 0
+
+    # -- control -----------------------------------------------------------------------------
+
+    def stop(self) -> None:
+        """Stop claiming; running jobs get the grace period, then go back to the queue."""
+        self._stop.set()
+
+    @property
+    def stopping(self) -> bool:
+        return self._stop.is_set()
+
+    async def run(self, *, handle_signals: bool = False) -> None:
+        """Serve until ``stop()`` (or, in burst mode, until nothing is ready or running)."""
+        log.info(
+            "worker %s starting: queues=%s concurrency=%d lease=%ss broker=%r",
+            self.id, ",".join(self.queues), self.settings.concurrency, self.settings.lease_for,
+            self.broker,
+        )
+        async with anyio.create_task_group() as services:
+            if handle_signals:
+                services.start_soon(self._watch_signals)
+            await self._recover()  # start-up recovery: orphans from before we came up
+            services.start_soon(self._heartbeat_loop)
+            services.start_soon(self._recovery_loop)
+            services.start_soon(self._settle_loop)
+            async with anyio.create_task_group() as jobs:
+                await self._claim_loop(jobs)
+                await self._drain(jobs)
+            await self._flush_settles()
+            await self._release_leftovers()
+            services.cancel_scope.cancel()
+        log.info("worker %s stopped after %d jobs", self.id, self.processed)
+
+    async def _watch_signals(self) -> None:
+        with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+            async for signum in signals:
+                if self.stopping:
+                    log.warning("second %s: cancelling running jobs now", signal.Signals(signum).name)
+                    self._cancel_running()
+                else:
+                    log.info(
+                        "%s received: finishing running jobs (grace %ss), then exiting",
+                        signal.Signals(signum).name, self.settings.grace_period,
+                    )
+                    self.stop()
+
+    # -- claim ---------------------------------------------------------------------------------
+
+    async def _claim_loop(self, jobs: TaskGroup) -> None:
+        failures = 0
+        while not self.stopping:
+            free = self.settings.concurrency - len(self._running)
+            if free <= 0:
+                await self._wait_for_slot()
+                continue
+            try:
+                deliveries = await self.broker.reserve(
+                    self.queues, free, self.settings.lease_for, self._claim_wait(), self.clock.now()
+                )
+                failures = 0
+            except TaskkitError as exc:
+                failures += 1
+                await self._broker_trouble("claim", exc, failures)
+                continue
+            for delivery in deliveries:
+                running = _Running(delivery.lease)
+                self._running[delivery.job_id] = running
+                jobs.start_soon(self._run_job, delivery, running)
+            if self.settings.burst and not deliveries and await self._nothing_left():
+                self.stop()
+
+    def _claim_wait(self) -> float:
+        # In burst mode keep the wait short: the exit check runs between waits.
+        return min(self.settings.poll_wait, 0.2) if self.settings.burst else self.settings.poll_wait
+
+    async def _wait_for_slot(self) -> None:
+        with anyio.move_on_after(self.settings.poll_wait):
+            await self._slot_freed.wait()
+        if self._slot_freed.is_set():
+            self._slot_freed = anyio.Event()
+
+    async def _nothing_left(self) -> bool:
+        """Burst exit test: nothing ready (in unpaused queues) or running in our queues, here or
+        anywhere, and nothing waiting to be settled."""
+        if self._running or self._pending_settles:
+            return False
+        stats = await self.broker.stats(self.clock.now())
+        for queue in self.queues:
+            st = stats.get(queue)
+            if st is not None and (st.running or (st.ready and not st.paused)):
+                return False
+        return True
+
+    async def _broker_trouble(self, what: str, exc: BaseException, failures: int) -> None:
+        pause = min(10.0, 0.1 * 2 ** min(failures, 7))
+        log.error("%s failed (%s); retrying in %.1fs", what, exc, pause)
+        with anyio.move_on_after(pause):
+            await self._stop.wait()
+
+    # -- run one job --------------------------------------------------------------------------
+
+    async def _run_job(self, delivery: Delivery, running: _Running) -> None:
+        try:
+            with running.scope:
+                outcome = await self._execute(delivery)
+            if running.lost:
+                log.warning("job %s: lease lost while running; result discarded", delivery.job_id)
+            elif running.scope.cancelled_caught:
+                self._to_release.append(delivery.lease)
+            else:
+                self._queue_settle(delivery.lease, outcome)
+        finally:
+            self._running.pop(delivery.job_id, None)
+            self.processed += 1
+            self._slot_freed.set()
+
+    async def _execute(self, delivery: Delivery) -> Outcome:
+        now = self.clock.now()
+        try:
+            job = decode_job(delivery.payload)
+        except PayloadInvalid as exc:
+            log.error("job %s: dead at once: %s", delivery.job_id, exc)
+            return DeadLetter(f"PayloadInvalid: {exc}")
+        task = self.router.get(job.task)
+        if task is None:
+            known = ", ".join(self.router.names()[:20]) or "none"
+            reason = (
+                f"UnknownTask: no task named {job.task!r} is registered with this worker "
+                f"(registered: {known}); deploy the task or requeue the job once it is"
+            )
+            log.error("job %s: dead at once: %s", delivery.job_id, reason)
+            return DeadLetter(reason)
+        try:
+            args, kwargs = task.check_arguments(job.args, job.kwargs)
+        except ArgumentsInvalid as exc:
+            log.error("job %s: dead at once: %s", delivery.job_id, exc)
+            return DeadLetter(f"ArgumentsInvalid: {exc}")
+        log.debug("job %s: %s attempt %d", delivery.job_id, task.name, delivery.attempts)
+        return await self._call(task, job, args, kwargs, delivery.attempts, now)
+
+    async def _call(
+        self, task: Task[Any, Any], job: Job, args: list[Any], kwargs: dict[str, Any],
+        attempts: int, started: float,
+    ) -> Outcome:
+        timeout = job.timeout or task.settings.timeout
+        try:
+            with anyio.move_on_after(timeout if timeout else math.inf) as deadline:
+                if task.is_async:
+                    result = await task.invoke(args, kwargs)
+                else:
+                    result = await anyio.to_thread.run_sync(
+                        lambda: task.fn(*args, **kwargs),
+                        abandon_on_cancel=True,
+                        limiter=self._threads,
+                    )
+            if deadline.cancelled_caught:
+                raise JobTimeout(f"{task.name} ran past its timeout of {timeout}s and was cancelled")
+        except (Exception, SystemExit) as exc:
+            return self._failed(task, job, exc, attempts)
+        return self._completed(task, job, result)
+
+    def _failed(self, task: Task[Any, Any], job: Job, exc: BaseException, attempts: int) -> Outcome:
+        policy = task.settings.policy
+        if job.max_attempts is not None:
+            policy = dataclasses.replace(policy, max_attempts=job.max_attempts)
+        outcome = policy.decide(exc, attempts, self.clock.now())
+        kind = "dead" if isinstance(outcome, DeadLetter) else "retry scheduled"
+        log.warning(
+            "job %s: %s attempt %d/%d failed (%s): %s",
+            job.id, task.name, attempts, policy.max_attempts, kind,
+            describe_error(exc).splitlines()[0],
+        )
+        return outcome
+
+    def _completed(self, task: Task[Any, Any], job: Job, result: Any) -> Outcome:
+        keep = job.keep_result if job.keep_result is not None else task.settings.keep_result
+        if keep is None:
+            return Complete()
+        try:
+            text = json.dumps(to_jsonable_python(result), allow_nan=False)
+        except (TypeError, ValueError) as exc:
+            return DeadLetter(f"ResultInvalid: the return value of {task.name} is not JSON: {exc}")
+        return Complete(text, keep_until=self.clock.now() + keep)
+
+    # -- settle --------------------------------------------------------------------------------
+
+    def _queue_settle(self, lease: Lease, outcome: Outcome) -> None:
+        self._pending_settles.append((lease, outcome))
+        self._settle_wanted.set()
+
+    async def _settle_loop(self) -> None:
+        while True:
+            await self._settle_wanted.wait()
+            self._settle_wanted = anyio.Event()
+            await self._flush_settles()
+
+    async def _flush_settles(self) -> None:
+        """Write every queued outcome in one broker call; on broker trouble keep them and retry
+        (a lease that runs out meanwhile is refused and the job reruns: at-least-once)."""
+        failures = 0
+        while self._pending_settles:
+            batch, self._pending_settles = self._pending_settles, []
+            try:
+                applied = await self.broker.settle(batch, self.clock.now())
+            except TaskkitError as exc:
+                self._pending_settles[:0] = batch
+                failures += 1
+                if failures > 20:
+                    log.error("giving up settling %d jobs; their leases will expire", len(batch))
+                    self._pending_settles.clear()
+                    return
+                pause = min(5.0, 0.05 * 2**failures)
+                log.error("settle failed (%s); retrying in %.1fs", exc, pause)
+                await anyio.sleep(pause)
+                continue
+            for (lease, outcome), ok in zip(batch, applied, strict=True):
+                if not ok:
+                    log.warning(
+                        "job %s: %s refused: lease lost (another worker owns the job now)",
+                        lease.job_id, type(outcome).__name__,
+                    )
+
+    # -- heartbeat and recovery ---------------------------------------------------------------
+
+    async def _heartbeat_loop(self) -> None:
+        while True:
+            await anyio.sleep(self.settings.heartbeat_interval)
+            await self._heartbeat()
+
+    async def _heartbeat(self) -> None:
+        running = [r for r in self._running.values() if not r.lost]
+        if not running:
+            return
+        try:
+            lost = await self.broker.extend(
+                [r.lease for r in running], self.settings.lease_for, self.clock.now()
+            )
+        except TaskkitError as exc:
+            log.error("heartbeat failed (%s); will retry", exc)
+            return
+        lost_ids = {lease.job_id for lease in lost}
+        for r in running:
+            if r.lease.job_id in lost_ids:
+                log.warning("job %s: lease lost; cancelling our run", r.lease.job_id)
+                r.lost = True
+                r.scope.cancel()
+
+    async def _recovery_loop(self) -> None:
+        while True:
+            await anyio.sleep(self.settings.recovery_interval)
+            await self._recover()
+
+    async def _recover(self) -> int:
+        """Retry or dead-letter jobs whose lease ran out, whoever held them."""
+        try:
+            found = await self.broker.reclaim_expired(
+                self.queues, self.settings.lease_for, 100, self.clock.now()
+            )
+            if not found:
+                return 0
+            now = self.clock.now()
+            decisions = [(d.lease, self._lost_run_outcome(d, now)) for d in found]
+            await self.broker.settle(decisions, now)
+        except TaskkitError as exc:
+            log.error("recovery failed (%s); will retry", exc)
+            return 0
+        for delivery, (_, outcome) in zip(found, decisions, strict=True):
+            log.warning(
+                "job %s: recovered after its lease ran out (attempt %d): %s",
+                delivery.job_id, delivery.attempts,
+                "dead" if isinstance(outcome, DeadLetter) else "requeued",
+            )
+        return len(found)
+
+    def _lost_run_outcome(self, delivery: Delivery, now: float) -> Outcome:
+        max_attempts = DEFAULT_MAX_ATTEMPTS
+        try:
+            job = decode_job(delivery.payload)
+        except PayloadInvalid as exc:
+            return DeadLetter(f"PayloadInvalid: {exc}")
+        task = self.router.get(job.task)
+        if job.max_attempts is not None:
+            max_attempts = job.max_attempts
+        elif task is not None:
+            max_attempts = task.settings.policy.max_attempts
+        return RetryPolicy().lost_run(delivery.attempts, max_attempts, now)
+
+    # -- shutdown ------------------------------------------------------------------------------
+
+    async def _drain(self, jobs: TaskGroup) -> None:
+        """After claiming stops: wait out the grace period, then cancel what still runs."""
+        with anyio.move_on_after(self.settings.grace_period):
+            while self._running:
+                await self._wait_for_slot()
+        if self._running:
+            log.warning(
+                "grace period over: handing %d running jobs back to the queue", len(self._running)
+            )
+            self._cancel_running()
+
+    def _cancel_running(self) -> None:
+        for running in self._running.values():
+            running.shutting_down = True
+            running.scope.cancel()
+
+    async def _release_leftovers(self) -> None:
+        leases, self._to_release = self._to_release, []
+        if not leases:
+            return
+        try:
+            await self.broker.release(leases, self.clock.now())
+        except TaskkitError as exc:
+            log.error("could not hand %d jobs back (%s); they return when their lease runs out",
+                      len(leases), exc)
+
+
+async def run_worker(
+    router: Router,
+    broker: Broker,
+    settings: WorkerSettings | None = None,
+    *,
+    clock: Clock | None = None,
+    handle_signals: bool = False,
+) -> Worker:
+    """Connect the broker, run a worker until it stops, close the broker. Returns the worker."""
+    worker = Worker(router, broker, settings, clock)
+    async with broker:
+        await worker.run(handle_signals=handle_signals)
+    return worker
+
