@@ -113,7 +113,9 @@ class MemoryBroker(Broker):
         rec.token = uuid.uuid4().hex
         rec.lease_until = now + lease_for
         rec.state = JobState.RUNNING
-        return Delivery(Lease(rec.id, rec.token, rec.queue), rec.payload, rec.attempts, rec.lease_until)
+        return Delivery(
+            Lease(rec.id, rec.token, rec.queue), rec.payload, rec.attempts, rec.lease_until
+        )
 
     def _expire_results(self, now: float) -> None:
         for rec in [r for r in self._store.jobs.values() if r.expires_at is not None]:
@@ -140,7 +142,9 @@ class MemoryBroker(Broker):
         self._notify()
         return job_id
 
-    def _add(self, job_id: str, queue: str, payload: str | bytes, now: float, job: Job | None) -> None:
+    def _add(
+        self, job_id: str, queue: str, payload: str | bytes, now: float, job: Job | None
+    ) -> None:
         self._store.seq += 1
         rec = _Record(
             id=job_id,
@@ -172,14 +176,19 @@ class MemoryBroker(Broker):
                 await self._store.changed.wait()
         return []
 
-    def _take(self, queues: Sequence[str], limit: int, lease_for: float, now: float) -> list[Delivery]:
+    def _take(
+        self, queues: Sequence[str], limit: int, lease_for: float, now: float
+    ) -> list[Delivery]:
         out: list[Delivery] = []
         for queue in queues:
             if queue in self._store.paused or len(out) >= limit:
                 continue
             due = sorted(
-                (r for r in self._store.jobs.values()
-                 if r.queue == queue and r.state is JobState.PENDING and r.run_at <= now),
+                (
+                    r
+                    for r in self._store.jobs.values()
+                    if r.queue == queue and r.state is JobState.PENDING and r.run_at <= now
+                ),
                 key=lambda r: (-r.priority, r.run_at, r.seq),
             )
             for rec in due[: limit - len(out)]:
@@ -235,7 +244,8 @@ class MemoryBroker(Broker):
         self, queues: Sequence[str], lease_for: float, limit: int, now: float
     ) -> list[Delivery]:
         expired = [
-            r for r in self._store.jobs.values()
+            r
+            for r in self._store.jobs.values()
             if r.state is JobState.RUNNING and r.queue in queues and r.lease_until < now
         ][:limit]
         return [self._lease(rec, lease_for, now) for rec in expired]
@@ -247,10 +257,19 @@ class MemoryBroker(Broker):
         if state is JobState.PENDING and rec.run_at > now:
             state = JobState.SCHEDULED
         return JobInfo(
-            id=rec.id, queue=rec.queue, state=state, task=peek_task(rec.payload),
-            attempts=rec.attempts, payload=rec.payload, max_attempts=rec.max_attempts,
-            priority=rec.priority, run_at=rec.run_at, enqueued_at=rec.enqueued_at,
-            finished_at=rec.finished_at, last_error=rec.last_error, result=rec.result,
+            id=rec.id,
+            queue=rec.queue,
+            state=state,
+            task=peek_task(rec.payload),
+            attempts=rec.attempts,
+            payload=rec.payload,
+            max_attempts=rec.max_attempts,
+            priority=rec.priority,
+            run_at=rec.run_at,
+            enqueued_at=rec.enqueued_at,
+            finished_at=rec.finished_at,
+            last_error=rec.last_error,
+            result=rec.result,
             dedupe_key=rec.dedupe_key,
         )
 
@@ -276,7 +295,8 @@ class MemoryBroker(Broker):
 
     def _dead(self, ids: Sequence[str] | None, queue: str | None) -> list[_Record]:
         pool = (
-            self._store.jobs.values() if ids is None
+            self._store.jobs.values()
+            if ids is None
             else [r for i in ids if (r := self._store.jobs.get(i)) is not None]
         )
         return [r for r in pool if r.state is JobState.DEAD and (queue is None or r.queue == queue)]

@@ -15,6 +15,7 @@ another connection commits; producers in the same process wake waiters directly.
 
 from __future__ import annotations
 
+import functools
 import sqlite3
 import time
 from collections.abc import Callable, Sequence
@@ -144,8 +145,17 @@ class SqliteBroker(Broker):
                     run_at = now if job.run_at is None else job.run_at
                     conn.execute(
                         SQL["insert"],
-                        (job.id, job.queue, job.task, job.priority, run_at, job.max_attempts,
-                         job.to_wire(), job.dedupe_key, now),
+                        (
+                            job.id,
+                            job.queue,
+                            job.task,
+                            job.priority,
+                            run_at,
+                            job.max_attempts,
+                            job.to_wire(),
+                            job.dedupe_key,
+                            now,
+                        ),
                     )
                     ids.append(job.id)
             return ids
@@ -183,8 +193,14 @@ class SqliteBroker(Broker):
         version = await self._call(_data_version)
         pause = _POLL_MIN
         while True:
-            effective_now = now + (time.monotonic() - started)
-            got = await self._call(lambda c: self._claim(c, queues, limit, lease_for, effective_now))
+            claim = functools.partial(
+                self._claim,
+                queues=queues,
+                limit=limit,
+                lease_for=lease_for,
+                now=now + (time.monotonic() - started),
+            )
+            got = await self._call(claim)
             if got or time.monotonic() >= deadline:
                 return got
             # Sleep until someone in this process enqueues, or poll for other processes' commits.
@@ -204,7 +220,11 @@ class SqliteBroker(Broker):
             _LOCAL_WAKEUPS.get(self.path, set()).discard(event)
 
     def _claim(
-        self, conn: sqlite3.Connection, queues: Sequence[str], limit: int, lease_for: float,
+        self,
+        conn: sqlite3.Connection,
+        queues: Sequence[str],
+        limit: int,
+        lease_for: float,
         now: float,
     ) -> list[Delivery]:
         out: list[Delivery] = []
@@ -216,13 +236,15 @@ class SqliteBroker(Broker):
                     continue
                 rows = conn.execute(
                     SQL["claim"],
-                    {"queue": queue, "now": now, "limit": limit - len(out),
-                     "lease_until": now + lease_for},
+                    {
+                        "queue": queue,
+                        "now": now,
+                        "limit": limit - len(out),
+                        "lease_until": now + lease_for,
+                    },
                 ).fetchall()
                 rows.sort(key=lambda r: (-r[6], r[7], r[8]))  # RETURNING has no order
-                out.extend(
-                    Delivery(Lease(r[0], r[4], r[1]), r[2], r[3], r[5]) for r in rows
-                )
+                out.extend(Delivery(Lease(r[0], r[4], r[1]), r[2], r[3], r[5]) for r in rows)
         return out
 
     async def extend(self, leases: Sequence[Lease], lease_for: float, now: float) -> list[Lease]:
@@ -232,9 +254,12 @@ class SqliteBroker(Broker):
         def tx(conn: sqlite3.Connection) -> list[Lease]:
             with _immediate(conn):
                 return [
-                    lease for lease in leases
-                    if conn.execute(SQL["extend"], (now + lease_for, lease.job_id, lease.token))
-                    .rowcount == 0
+                    lease
+                    for lease in leases
+                    if conn.execute(
+                        SQL["extend"], (now + lease_for, lease.job_id, lease.token)
+                    ).rowcount
+                    == 0
                 ]
 
         return await self._call(tx)
@@ -271,8 +296,12 @@ class SqliteBroker(Broker):
                 for queue in queues:
                     rows = conn.execute(
                         SQL["reclaim"],
-                        {"queue": queue, "now": now, "limit": limit - len(out),
-                         "lease_until": now + lease_for},
+                        {
+                            "queue": queue,
+                            "now": now,
+                            "limit": limit - len(out),
+                            "lease_until": now + lease_for,
+                        },
                     ).fetchall()
                     out.extend(Delivery(Lease(r[0], r[4], r[1]), r[2], r[3], r[5]) for r in rows)
                     if len(out) >= limit:
@@ -325,7 +354,10 @@ class SqliteBroker(Broker):
             done: list[str] = []
             with _immediate(conn):
                 for job_id, key in self._select_dead(conn, ids, queue):
-                    if key is not None and conn.execute(SQL["find_active_dedupe"], (key,)).fetchone():
+                    if (
+                        key is not None
+                        and conn.execute(SQL["find_active_dedupe"], (key,)).fetchone()
+                    ):
                         continue  # another job holds the key now; this one stays dead
                     conn.execute(SQL["requeue"], (now, job_id))
                     done.append(job_id)
@@ -409,13 +441,39 @@ def _settle_one(conn: sqlite3.Connection, lease: Lease, outcome: Outcome, now: f
 
 
 def _info(row: tuple[Any, ...], now: float) -> JobInfo:
-    (job_id, queue, task, state, attempts, payload, max_attempts, priority, run_at, enqueued_at,
-     finished_at, last_error, result, dedupe_key, _expires) = row
+    (
+        job_id,
+        queue,
+        task,
+        state,
+        attempts,
+        payload,
+        max_attempts,
+        priority,
+        run_at,
+        enqueued_at,
+        finished_at,
+        last_error,
+        result,
+        dedupe_key,
+        _expires,
+    ) = row
     st = JobState(state)
     if st is JobState.PENDING and run_at > now:
         st = JobState.SCHEDULED
     return JobInfo(
-        id=job_id, queue=queue, state=st, task=task, attempts=attempts, payload=payload,
-        max_attempts=max_attempts, priority=priority, run_at=run_at, enqueued_at=enqueued_at,
-        finished_at=finished_at, last_error=last_error, result=result, dedupe_key=dedupe_key,
+        id=job_id,
+        queue=queue,
+        state=st,
+        task=task,
+        attempts=attempts,
+        payload=payload,
+        max_attempts=max_attempts,
+        priority=priority,
+        run_at=run_at,
+        enqueued_at=enqueued_at,
+        finished_at=finished_at,
+        last_error=last_error,
+        result=result,
+        dedupe_key=dedupe_key,
     )

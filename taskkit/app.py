@@ -1,9 +1,9 @@
 """App: a router plus a broker, and the producer API (enqueue, job status, results).
 
-    app = App(router, "sqlite:///taskkit.db")
-    async with app:
-        handle = await app.enqueue(add, 2, 3)          # type-checked against add(a, b)
-        print(await handle.result(timeout=10))
+app = App(router, "sqlite:///taskkit.db")
+async with app:
+    handle = await app.enqueue(add, 2, 3)          # type-checked against add(a, b)
+    print(await handle.result(timeout=10))
 """
 
 from __future__ import annotations
@@ -50,7 +50,9 @@ class App:
         return self
 
     async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None,
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
         await self.broker.close()

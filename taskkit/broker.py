@@ -189,7 +189,7 @@ class Broker(ABC):
     async def set_paused(self, queue: str, paused: bool) -> None:
         """Pause or resume a queue. A paused queue accepts jobs but ``reserve`` skips it."""
 
-    async def wait_for_change(self, job_id: str, timeout: float) -> None:  # noqa: B027
+    async def wait_for_change(self, job_id: str, timeout: float) -> None:
         """Wait up to ``timeout`` seconds for a sign that ``job_id`` may have changed state.
         The default just sleeps; brokers with notifications can return sooner."""
         import anyio
@@ -243,8 +243,15 @@ def broker_class(scheme: str) -> type[Broker]:
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
-        extra = {"redis": "redis", "rediss": "redis", "postgresql": "postgres", "postgres": "postgres"}
-        hint = f" (install it with: pip install 'taskkit[{extra[scheme]}]')" if scheme in extra else ""
+        extra = {
+            "redis": "redis",
+            "rediss": "redis",
+            "postgresql": "postgres",
+            "postgres": "postgres",
+        }
+        hint = (
+            f" (install it with: pip install 'taskkit[{extra[scheme]}]')" if scheme in extra else ""
+        )
         raise BrokerURLError(f"the {scheme!r} broker cannot be imported: {exc}{hint}") from None
     cls = getattr(module, attr)
     if not (isinstance(cls, type) and issubclass(cls, Broker)):

@@ -49,7 +49,7 @@ def new_job_id() -> str:
     return uuid.uuid4().hex
 
 
-class JobState(str, enum.Enum):
+class JobState(enum.StrEnum):
     """Where a job is in its life. ``scheduled`` is a pending job whose run time is ahead."""
 
     PENDING = "pending"
@@ -109,14 +109,18 @@ def decode_job(raw: bytes | str) -> Job:
         try:
             raw = raw.decode("utf-8")
         except UnicodeDecodeError as exc:
-            raise PayloadInvalid(f"payload is not valid UTF-8 ({exc.reason} at byte {exc.start})") from None
+            raise PayloadInvalid(
+                f"payload is not valid UTF-8 ({exc.reason} at byte {exc.start})"
+            ) from None
     try:
         data = json.loads(raw)
-    except (ValueError, RecursionError) as exc:
+    except RecursionError:
+        raise PayloadInvalid("payload is nested too deeply to decode; flatten the data") from None
+    except ValueError as exc:
         raise PayloadInvalid(f"payload is not valid JSON: {_short(exc)}") from None
     if not isinstance(data, dict):
         raise PayloadInvalid(
-            f"payload must be a JSON object like {{\"task\": ..., \"args\": [...]}}, "
+            f'payload must be a JSON object like {{"task": ..., "args": [...]}}, '
             f"got {type(data).__name__}"
         )
     try:
@@ -128,7 +132,7 @@ def decode_job(raw: bytes | str) -> Job:
         )
         raise PayloadInvalid(f"payload does not match the job schema: {problems}") from None
     except RecursionError:
-        raise PayloadInvalid("payload is nested too deeply") from None
+        raise PayloadInvalid("payload is nested too deeply to decode; flatten the data") from None
 
 
 def peek_task(raw: bytes | str) -> str | None:

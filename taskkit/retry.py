@@ -5,15 +5,20 @@ Brokers never compare attempts with max_attempts; they apply the frozen ``Outcom
 
 from __future__ import annotations
 
+import os
 import random
 import traceback
 from dataclasses import dataclass, field
+
+import anyio
 
 from taskkit.errors import JobTimeout
 from taskkit.outcome import DeadLetter, Outcome, Retry
 
 DEFAULT_MAX_ATTEMPTS = 3
 _MAX_ERROR_CHARS = 8_000
+# Frames of the worker and of anyio say nothing about why a task failed; tracebacks skip them.
+_PLUMBING = (os.path.dirname(__file__), os.path.dirname(anyio.__file__))
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,7 +67,9 @@ class RetryPolicy:
         if not self.is_retryable(exc):
             return DeadLetter(error)
         if attempts >= self.max_attempts:
-            return DeadLetter(f"{error}\n(gave up after {attempts} of {self.max_attempts} attempts)")
+            return DeadLetter(
+                f"{error}\n(gave up after {attempts} of {self.max_attempts} attempts)"
+            )
         return Retry(now + self.backoff.delay(attempts), error)
 
     def is_retryable(self, exc: BaseException) -> bool:
@@ -86,7 +93,12 @@ def describe_error(exc: BaseException) -> str:
         message = f"<str() of the exception raised {type(inner).__name__}>"
     head = f"{type(exc).__name__}: {message}" if message else type(exc).__name__
     try:
-        tb = "".join(traceback.format_tb(exc.__traceback__)) if exc.__traceback__ else ""
+        frames = [
+            f
+            for f in traceback.extract_tb(exc.__traceback__)
+            if not f.filename.startswith(_PLUMBING)
+        ]
+        tb = "".join(traceback.format_list(frames))
     except Exception:
         tb = ""
     text = f"{head}\n{tb}".rstrip() if tb else head

@@ -74,8 +74,14 @@ class Router:
         the dead letters), ``timeout`` (seconds), ``keep_result`` (seconds to keep the result).
         """
         options = make_options(
-            queue=queue, priority=priority, max_attempts=max_attempts, backoff=backoff,
-            retry_on=retry_on, dead_on=dead_on, timeout=timeout, keep_result=keep_result,
+            queue=queue,
+            priority=priority,
+            max_attempts=max_attempts,
+            backoff=backoff,
+            retry_on=retry_on,
+            dead_on=dead_on,
+            timeout=timeout,
+            keep_result=keep_result,
         )
         decorator = TaskDecorator(name, options, self.register)
         return decorator(fn) if fn is not None else decorator

@@ -146,7 +146,8 @@ class Task(Generic[P, R]):
         if self._model is None:
             return list(bound.args), dict(bound.kwargs)
         named = {
-            k: v for k, v in bound.arguments.items()
+            k: v
+            for k, v in bound.arguments.items()
             if self._signature.parameters[k].kind
             not in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
         }
@@ -169,7 +170,6 @@ class Task(Generic[P, R]):
         thread pool instead (see taskkit.worker)."""
         result = self.fn(*args, **kwargs)
         return await typing.cast(Awaitable[R], result)
-
 
 
 def _arguments_model(
@@ -227,8 +227,12 @@ def make_options(
 class TaskDecorator:
     """What ``@task(...)`` returns before it sees the function."""
 
-    def __init__(self, name: str | None, options: TaskOptions,
-                 register: Callable[[Task[Any, Any]], object] | None) -> None:
+    def __init__(
+        self,
+        name: str | None,
+        options: TaskOptions,
+        register: Callable[[Task[Any, Any]], object] | None,
+    ) -> None:
         self._name = name
         self._options = options
         self._register = register
@@ -261,8 +265,9 @@ def task(
     timeout: float | None = None,
     keep_result: float | None = None,
 ) -> TaskDecorator: ...
-def task(fn: Callable[..., Any] | None = None, /, *, name: str | None = None,
-         **options: Any) -> Task[Any, Any] | TaskDecorator:
+def task(
+    fn: Callable[..., Any] | None = None, /, *, name: str | None = None, **options: Any
+) -> Task[Any, Any] | TaskDecorator:
     """Make a task that a router can register later (``router.register(t)``).
 
     Use bare (``@task``) or with options (``@task(queue="mail", max_attempts=5)``).

@@ -40,7 +40,6 @@ from taskkit.errors import (
     JobTimeout,
     PayloadInvalid,
     TaskkitError,
-    UnknownTask,
 )
 from taskkit.job import Delivery, Job, Lease, decode_job, validate_queue_name
 from taskkit.outcome import Complete, DeadLetter, Outcome
@@ -141,7 +140,10 @@ class Worker:
         """Serve until ``stop()`` (or, in burst mode, until nothing is ready or running)."""
         log.info(
             "worker %s starting: queues=%s concurrency=%d lease=%ss broker=%r",
-            self.id, ",".join(self.queues), self.settings.concurrency, self.settings.lease_for,
+            self.id,
+            ",".join(self.queues),
+            self.settings.concurrency,
+            self.settings.lease_for,
             self.broker,
         )
         async with anyio.create_task_group() as services:
@@ -163,12 +165,15 @@ class Worker:
         with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
             async for signum in signals:
                 if self.stopping:
-                    log.warning("second %s: cancelling running jobs now", signal.Signals(signum).name)
+                    log.warning(
+                        "second %s: cancelling running jobs now", signal.Signals(signum).name
+                    )
                     self._cancel_running()
                 else:
                     log.info(
                         "%s received: finishing running jobs (grace %ss), then exiting",
-                        signal.Signals(signum).name, self.settings.grace_period,
+                        signal.Signals(signum).name,
+                        self.settings.grace_period,
                     )
                     self.stop()
 
@@ -267,8 +272,13 @@ class Worker:
         return await self._call(task, job, args, kwargs, delivery.attempts, now)
 
     async def _call(
-        self, task: Task[Any, Any], job: Job, args: list[Any], kwargs: dict[str, Any],
-        attempts: int, started: float,
+        self,
+        task: Task[Any, Any],
+        job: Job,
+        args: list[Any],
+        kwargs: dict[str, Any],
+        attempts: int,
+        started: float,
     ) -> Outcome:
         timeout = job.timeout or task.settings.timeout
         try:
@@ -282,7 +292,9 @@ class Worker:
                         limiter=self._threads,
                     )
             if deadline.cancelled_caught:
-                raise JobTimeout(f"{task.name} ran past its timeout of {timeout}s and was cancelled")
+                raise JobTimeout(
+                    f"{task.name} ran past its timeout of {timeout}s and was cancelled"
+                )
         except (Exception, SystemExit) as exc:
             return self._failed(task, job, exc, attempts)
         return self._completed(task, job, result)
@@ -295,7 +307,11 @@ class Worker:
         kind = "dead" if isinstance(outcome, DeadLetter) else "retry scheduled"
         log.warning(
             "job %s: %s attempt %d/%d failed (%s): %s",
-            job.id, task.name, attempts, policy.max_attempts, kind,
+            job.id,
+            task.name,
+            attempts,
+            policy.max_attempts,
+            kind,
             describe_error(exc).splitlines()[0],
         )
         return outcome
@@ -345,7 +361,8 @@ class Worker:
                 if not ok:
                     log.warning(
                         "job %s: %s refused: lease lost (another worker owns the job now)",
-                        lease.job_id, type(outcome).__name__,
+                        lease.job_id,
+                        type(outcome).__name__,
                     )
 
     # -- heartbeat and recovery ---------------------------------------------------------------
@@ -395,7 +412,8 @@ class Worker:
         for delivery, (_, outcome) in zip(found, decisions, strict=True):
             log.warning(
                 "job %s: recovered after its lease ran out (attempt %d): %s",
-                delivery.job_id, delivery.attempts,
+                delivery.job_id,
+                delivery.attempts,
                 "dead" if isinstance(outcome, DeadLetter) else "requeued",
             )
         return len(found)
@@ -438,8 +456,11 @@ class Worker:
         try:
             await self.broker.release(leases, self.clock.now())
         except TaskkitError as exc:
-            log.error("could not hand %d jobs back (%s); they return when their lease runs out",
-                      len(leases), exc)
+            log.error(
+                "could not hand %d jobs back (%s); they return when their lease runs out",
+                len(leases),
+                exc,
+            )
 
 
 async def run_worker(
@@ -455,4 +476,3 @@ async def run_worker(
     async with broker:
         await worker.run(handle_signals=handle_signals)
     return worker
-

@@ -19,7 +19,7 @@ import pytest
 
 from taskkit.broker import Broker
 from taskkit.testing import FakeClock
-from tests import backends
+from tests import backends, servers
 from tests.backends import BrokerSpace
 
 
@@ -40,6 +40,10 @@ def _backend_names() -> list[str]:
 
 
 BACKENDS = _backend_names()
+# Backends a separate process can reach by URL (worker subprocesses, the CLI).
+SERVER_BACKENDS = [
+    name for name in BACKENDS if name in ("sqlite", "redis", "postgres")
+]
 
 
 def _backend_module(name: str) -> Any:
@@ -48,6 +52,14 @@ def _backend_module(name: str) -> Any:
         if name in (getattr(module, "NAMES", None) or [module.NAME]):
             return module
     raise LookupError(name)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # Before any test connects: use the servers at the test URLs, or start throwaway ones.
+    if "redis" in BACKENDS:
+        servers.ensure_redis()
+    if "postgres" in BACKENDS:
+        servers.ensure_postgres()
 
 
 @pytest.fixture
@@ -78,6 +90,17 @@ async def space(
 
 def _kw(module: Any, name: str) -> dict[str, Any]:
     return {"variant": name} if getattr(module, "NAMES", None) else {}
+
+
+@pytest.fixture(params=SERVER_BACKENDS)
+async def server_space(
+    request: pytest.FixtureRequest, tmp_path: Path
+) -> AsyncIterator[BrokerSpace]:
+    """Like ``space``, for backends that other processes reach through ``space.url``."""
+    module = _backend_module(request.param)
+    async with module.space(_test_id(request), tmp_path, **_kw(module, request.param)) as sp:
+        assert sp.url is not None
+        yield sp
 
 
 @pytest.fixture

@@ -1,0 +1,354 @@
+"""The ``taskkit`` command.
+
+    taskkit worker APP [--broker URL] [--queues a,b] [--concurrency N] [--lease S] [--burst]
+    taskkit enqueue APP TASK [--args JSON] [--kwargs JSON] [--delay S] [--queue Q]
+                             [--dedupe-key K] [--broker URL]
+    taskkit info [--broker URL] [--json]
+    taskkit dead list|requeue|purge [--broker URL] [--queue Q] [--id ID] [--all] [--json]
+    taskkit pause|resume QUEUE [--broker URL]
+    taskkit migrate [--broker URL]
+
+APP is ``module:attribute`` naming a Router or an App. The broker URL comes from ``--broker``,
+else ``TASKKIT_BROKER_URL``, else ``sqlite:///taskkit.db``. Every failure is one line on stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import logging
+import os
+import sys
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+import anyio
+from pydantic import ValidationError
+
+from taskkit.app import App
+from taskkit.broker import Broker, broker_from_url, redact_url
+from taskkit.errors import AppImportError, ConfigurationError, TaskkitError
+from taskkit.job import validate_queue_name
+from taskkit.router import Router
+from taskkit.worker import Worker, WorkerSettings
+
+EXIT_USAGE, EXIT_FAILURE = 2, 1
+
+
+def load_router(target: str) -> Router:
+    """Import ``module:attribute`` and return the Router it names (or an App's router)."""
+    module_name, sep, attr = target.partition(":")
+    if not sep or not module_name or not attr:
+        raise AppImportError(
+            f"APP must look like module:attribute (for example tasks:router), got {target!r}"
+        )
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())  # like `python -m`: modules in the current directory
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise AppImportError(f"cannot import {module_name!r}: {exc}") from None
+    obj: Any = module
+    for part in attr.split("."):
+        try:
+            obj = getattr(obj, part)
+        except AttributeError:
+            raise AppImportError(f"module {module_name!r} has no attribute {attr!r}") from None
+    if isinstance(obj, App):
+        return obj.router
+    if not isinstance(obj, Router):
+        raise AppImportError(f"{target} is a {type(obj).__name__}, not a taskkit Router or App")
+    return obj
+
+
+def _json_arg(text: str | None, kind: type, flag: str) -> Any:
+    if text is None:
+        return kind()
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise ConfigurationError(f"{flag} is not valid JSON: {exc}") from None
+    if not isinstance(value, kind):
+        raise ConfigurationError(f"{flag} must be a JSON {'list' if kind is list else 'object'}")
+    return value
+
+
+def _print_json(value: Any) -> None:
+    print(json.dumps(value, indent=2, sort_keys=True))
+
+
+async def _with_broker(url: str | None, action: Callable[[Broker], Awaitable[int]]) -> int:
+    broker = broker_from_url(url)
+    async with broker:
+        return await action(broker)
+
+
+# -- commands ------------------------------------------------------------------------------------
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    router = load_router(args.app)
+    queues = [q.strip() for q in args.queues.split(",") if q.strip()] if args.queues else None
+    fields: dict[str, Any] = {
+        "queues": queues,
+        "concurrency": args.concurrency,
+        "lease_for": args.lease,
+        "burst": args.burst,
+        "grace_period": args.grace,
+    }
+    if args.worker_id:
+        fields["worker_id"] = args.worker_id
+    try:
+        settings = WorkerSettings(**fields)
+    except ValidationError as exc:
+        raise ConfigurationError(_first_error(exc)) from None
+
+    async def run(broker: Broker) -> int:
+        await Worker(router, broker, settings).run(handle_signals=True)
+        return 0
+
+    return anyio.run(_with_broker, args.broker, run)
+
+
+def cmd_enqueue(args: argparse.Namespace) -> int:
+    router = load_router(args.app)
+    task = router.get(args.task)
+    if task is None:
+        known = ", ".join(router.names()) or "none"
+        raise ConfigurationError(f"no task named {args.task!r} in {args.app} (known: {known})")
+    task = task.options(queue=args.queue, delay=args.delay, dedupe_key=args.dedupe_key)
+    call_args = _json_arg(args.args, list, "--args")
+    call_kwargs = _json_arg(args.kwargs, dict, "--kwargs")
+
+    async def run(broker: Broker) -> int:
+        app = App(router, broker)
+        job = task.build_job(tuple(call_args), call_kwargs, app.clock.now())
+        [handle] = await app.enqueue_jobs([job])
+        print(handle.id)
+        return 0
+
+    return anyio.run(_with_broker, args.broker, run)
+
+
+def cmd_info(args: argparse.Namespace) -> int:
+    async def run(broker: Broker) -> int:
+        app = App(None, broker)
+        stats = await broker.stats(app.clock.now())
+        queues = {name: st.to_dict() for name, st in sorted(stats.items())}
+        if args.json:
+            _print_json({"broker": redact_url(broker.url), "queues": queues})
+            return 0
+        print(f"broker: {redact_url(broker.url)}")
+        if not queues:
+            print("no queues yet")
+        for name, st in queues.items():
+            state = " (paused)" if st["paused"] else ""
+            print(
+                f"{name}{state}: ready={st['ready']} scheduled={st['scheduled']} "
+                f"running={st['running']} dead={st['dead']}"
+            )
+        return 0
+
+    return anyio.run(_with_broker, args.broker, run)
+
+
+def cmd_dead(args: argparse.Namespace) -> int:
+    if args.queue:
+        validate_queue_name(args.queue)
+    ids: list[str] | None = args.id or None
+    if args.action in ("requeue", "purge") and ids is None and not args.all:
+        raise ConfigurationError(f"dead {args.action} needs --id ID (repeatable) or --all")
+
+    async def run(broker: Broker) -> int:
+        now = App(None, broker).clock.now()
+        if args.action == "list":
+            dead = await broker.list_dead(args.queue, args.limit)
+            if ids is not None:
+                dead = [d for d in dead if d.id in ids]
+            if args.json:
+                _print_json([d.to_dict() for d in dead])
+            else:
+                for d in dead:
+                    first = (d.last_error or "").splitlines()[0] if d.last_error else ""
+                    print(f"{d.id}  {d.queue}  {d.task}  attempts={d.attempts}  {first}")
+                print(f"{len(dead)} dead job(s)")
+            return 0
+        if args.action == "requeue":
+            done = await broker.requeue_dead(ids, args.queue, now)
+            _report(args.json, "requeued", done)
+        else:
+            count = await broker.purge_dead(ids, args.queue)
+            if args.json:
+                _print_json({"purged": count})
+            else:
+                print(f"purged {count} dead job(s)")
+        return 0
+
+    return anyio.run(_with_broker, args.broker, run)
+
+
+def _report(as_json: bool, verb: str, ids: Sequence[str]) -> None:
+    if as_json:
+        _print_json({verb: list(ids)})
+    else:
+        for job_id in ids:
+            print(job_id)
+        print(f"{verb} {len(ids)} job(s)")
+
+
+def cmd_pause(args: argparse.Namespace) -> int:
+    queue = validate_queue_name(args.queue)
+    paused = args.command == "pause"
+
+    async def run(broker: Broker) -> int:
+        await broker.set_paused(queue, paused)
+        print(f"{queue}: {'paused' if paused else 'resumed'}")
+        return 0
+
+    return anyio.run(_with_broker, args.broker, run)
+
+
+def cmd_migrate(args: argparse.Namespace) -> int:
+    broker = broker_from_url(args.broker)
+    migrate = getattr(broker, "migrate", None)
+
+    async def run() -> int:
+        if migrate is None:
+            print(f"{redact_url(broker.url)}: nothing to migrate (this broker sets itself up)")
+            return 0
+        applied = await migrate()
+        print(
+            f"{redact_url(broker.url)}: "
+            + (f"applied {', '.join(applied)}" if applied else "up to date")
+        )
+        return 0
+
+    return anyio.run(run)
+
+
+# -- parsing -------------------------------------------------------------------------------------
+
+
+def _broker_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--broker",
+        metavar="URL",
+        help="broker URL (default: $TASKKIT_BROKER_URL, else sqlite:///taskkit.db)",
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="taskkit", description="Background tasks for Python.")
+    parser.add_argument("--log-level", default=os.environ.get("TASKKIT_LOG_LEVEL", "INFO"))
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("worker", help="run a worker")
+    p.add_argument("app", metavar="APP", help="module:attribute of a Router or App")
+    _broker_flag(p)
+    p.add_argument("--queues", help="comma-separated queues (default: every queue the tasks use)")
+    p.add_argument("--concurrency", type=int, default=10, help="jobs run at once (default 10)")
+    p.add_argument(
+        "--lease",
+        type=float,
+        default=30.0,
+        metavar="SECONDS",
+        help="lease per job, renewed by heartbeats (default 30)",
+    )
+    p.add_argument(
+        "--grace",
+        type=float,
+        default=10.0,
+        metavar="SECONDS",
+        help="on SIGTERM, how long running jobs may finish (default 10)",
+    )
+    p.add_argument(
+        "--burst", action="store_true", help="exit 0 once nothing in the queues is ready or running"
+    )
+    p.add_argument("--worker-id", help="default: $TASKKIT_WORKER_ID, else host-pid-random")
+    p.set_defaults(func=cmd_worker)
+
+    p = sub.add_parser("enqueue", help="enqueue one job and print its id")
+    p.add_argument("app", metavar="APP")
+    p.add_argument("task", metavar="TASK_NAME")
+    p.add_argument("--args", metavar="JSON_LIST")
+    p.add_argument("--kwargs", metavar="JSON_OBJECT")
+    p.add_argument("--delay", type=float, metavar="SECONDS")
+    p.add_argument("--queue", metavar="Q")
+    p.add_argument("--dedupe-key", metavar="K")
+    _broker_flag(p)
+    p.set_defaults(func=cmd_enqueue)
+
+    p = sub.add_parser("info", help="jobs per queue and state")
+    _broker_flag(p)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_info)
+
+    p = sub.add_parser("dead", help="list, requeue or purge dead letters")
+    p.add_argument("action", choices=["list", "requeue", "purge"])
+    _broker_flag(p)
+    p.add_argument("--queue", metavar="Q")
+    p.add_argument("--id", action="append", metavar="ID", help="a job id (repeatable)")
+    p.add_argument("--all", action="store_true", help="every dead job (of --queue, if given)")
+    p.add_argument("--limit", type=int, default=100, help="list at most this many (default 100)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_dead)
+
+    for name, text in (("pause", "stop workers claiming from a queue"), ("resume", "undo pause")):
+        p = sub.add_parser(name, help=text)
+        p.add_argument("queue", metavar="QUEUE")
+        _broker_flag(p)
+        p.set_defaults(func=cmd_pause)
+
+    p = sub.add_parser("migrate", help="create or upgrade the broker's tables")
+    _broker_flag(p)
+    p.set_defaults(func=cmd_migrate)
+    return parser
+
+
+def _first_error(exc: ValidationError) -> str:
+    err = exc.errors()[0]
+    return f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}"
+
+
+def _unwrap_groups(func: Callable[[argparse.Namespace], int], args: argparse.Namespace) -> int:
+    # Task groups wrap errors in ExceptionGroups; a user should see the one line inside.
+    try:
+        return func(args)
+    except BaseExceptionGroup as group:
+        leaves = _leaves(group)
+        first = next((e for e in leaves if isinstance(e, TaskkitError)), None)
+        if first is not None:
+            raise first from None
+        raise
+
+
+def _leaves(group: BaseExceptionGroup[BaseException]) -> list[BaseException]:
+    out: list[BaseException] = []
+    for exc in group.exceptions:
+        out.extend(_leaves(exc) if isinstance(exc, BaseExceptionGroup) else [exc])
+    return out
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    try:
+        code: int = _unwrap_groups(args.func, args)
+    except ConfigurationError as exc:
+        print(f"taskkit: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except TaskkitError as exc:
+        print(f"taskkit: error: {exc}", file=sys.stderr)
+        return EXIT_FAILURE
+    except KeyboardInterrupt:
+        return 130
+    return code
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
