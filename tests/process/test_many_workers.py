@@ -1,0 +1,64 @@
+"""Several worker processes drain one queue together: every job runs exactly once."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from taskkit import App, Job
+from tests.backends import BrokerSpace
+
+from .helpers import run_cli, start_worker
+
+pytestmark = pytest.mark.anyio
+
+TASKS = textwrap.dedent(
+    """
+    import os
+    from taskkit import Router
+
+    router = Router()
+
+    @router.task(name="ledger.record")
+    def record(n: int) -> None:
+        # O_APPEND writes of one short line are atomic, so processes can share the ledger.
+        fd = os.open(os.environ["LEDGER"], os.O_WRONLY | os.O_APPEND)
+        os.write(fd, f"{n} {os.getpid()}\\n".encode())
+        os.close(fd)
+    """
+)
+
+
+async def test_three_workers_share_one_queue_without_running_a_job_twice(
+    server_space: BrokerSpace, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert server_space.url is not None
+    (tmp_path / "ledgertasks.py").write_text(TASKS)
+    ledger = tmp_path / "ledger.txt"
+    ledger.touch()
+    monkeypatch.setenv("LEDGER", str(ledger))
+    n = 300
+    async with App(None, server_space.make()) as app:
+        jobs = [Job(task="ledger.record", args=[i]) for i in range(n)]
+        await app.enqueue_jobs(jobs)
+
+    workers = [
+        start_worker("ledgertasks:router", server_space.url, tmp_path, "--burst",
+                     "--concurrency", "4", worker_id=f"w{i}")
+        for i in range(3)
+    ]
+    outputs = [w.communicate(timeout=120)[0] for w in workers]
+    assert [w.returncode for w in workers] == [0, 0, 0], outputs
+
+    runs = Counter(int(line.split()[0]) for line in ledger.read_text().splitlines())
+    assert sorted(runs) == list(range(n)), "every job ran"
+    assert max(runs.values()) == 1, "no job ran twice"
+    pids = {line.split()[1] for line in ledger.read_text().splitlines()}
+    assert len(pids) >= 2, "the work was shared"
+    info = run_cli(tmp_path, "info", "--json", "--broker", server_space.url)
+    left = json.loads(info.stdout)["queues"].get("default", {"ready": 0, "running": 0})
+    assert (left["ready"], left["running"]) == (0, 0)
