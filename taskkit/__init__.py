@@ -1,7 +1,8 @@
 """taskkit: background tasks for Python with pluggable brokers and at-least-once delivery."""
 
-from taskkit.app import App, JobHandle
+from taskkit.app import App, JobHandle, SyncApp, SyncJobHandle
 from taskkit.broker import Broker, broker_from_url, redact_url
+from taskkit.context import JobContext, Retry, Snooze, current_job
 from taskkit.errors import (
     ArgumentsInvalid,
     BrokerError,
@@ -37,6 +38,7 @@ __all__ = [
     "DuplicateTaskName",
     "EnqueueError",
     "Job",
+    "JobContext",
     "JobDead",
     "JobHandle",
     "JobInfo",
@@ -45,15 +47,20 @@ __all__ = [
     "LeaseLost",
     "PayloadInvalid",
     "ResultTimeout",
+    "Retry",
     "RetryPolicy",
     "Router",
     "SchemaMissing",
+    "Snooze",
+    "SyncApp",
+    "SyncJobHandle",
     "Task",
     "TaskkitError",
     "UnknownTask",
     "Worker",
     "WorkerSettings",
     "broker_from_url",
+    "current_job",
     "redact_url",
     "run_worker",
     "task",

@@ -1,19 +1,25 @@
 """App: a router plus a broker, and the producer API (enqueue, job status, results).
 
-app = App(router, "sqlite:///taskkit.db")
-async with app:
-    handle = await app.enqueue(add, 2, 3)          # type-checked against add(a, b)
-    print(await handle.result(timeout=10))
+    app = App(router, "sqlite:///taskkit.db")
+    async with app:
+        handle = await app.enqueue(add, 2, 3)          # type-checked against add(a, b)
+        print(await handle.result(timeout=10))
+
+``SyncApp`` offers the same calls to code without an event loop.
 """
 
 from __future__ import annotations
 
+import functools
 import json
-from collections.abc import Sequence
+import threading
+from collections.abc import Awaitable, Callable, Sequence
+from contextlib import AbstractContextManager
 from types import TracebackType
 from typing import Any, Generic, ParamSpec, Self, TypeVar, cast
 
 import anyio
+from anyio.from_thread import BlockingPortal, start_blocking_portal
 
 from taskkit.broker import Broker, broker_from_url
 from taskkit.clock import Clock, SystemClock
@@ -25,6 +31,7 @@ from taskkit.worker import Worker, WorkerSettings
 
 P = ParamSpec("P")
 R = TypeVar("R")
+T = TypeVar("T")
 
 
 class App:
@@ -127,3 +134,93 @@ class JobHandle(Generic[R]):
                 await self.app.broker.wait_for_change(self.id, pause)
                 pause = min(pause * 2, 0.5)
         raise ResultTimeout(f"job {self.id} did not finish within {timeout}s")
+
+
+class SyncApp:
+    """The producer API for code without an event loop: scripts, Django and Flask views.
+
+        app = SyncApp(router, "redis://127.0.0.1:6379/0")
+        handle = app.enqueue(add, 2, 3)          # type-checked like App.enqueue
+        print(handle.get(timeout=10))
+
+    It drives an ``App`` on an event loop in a background thread (an anyio blocking portal),
+    started on first use and shared by every thread that calls it; ``close()`` or a ``with``
+    block stops it. The async and sync APIs are one implementation.
+    """
+
+    def __init__(
+        self,
+        router: Router | None = None,
+        broker: Broker | str | None = None,
+        *,
+        clock: Clock | None = None,
+    ) -> None:
+        self.app = App(router, broker, clock=clock)
+        self._portal: BlockingPortal | None = None
+        self._portal_cm: AbstractContextManager[BlockingPortal] | None = None
+        self._lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return f"<SyncApp {self.app.broker!r}>"
+
+    def __enter__(self) -> Self:
+        self._ensure_portal()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _ensure_portal(self) -> BlockingPortal:
+        with self._lock:
+            if self._portal is None:
+                cm = start_blocking_portal()
+                portal = cm.__enter__()
+                try:
+                    portal.call(self.app.broker.connect)
+                except BaseException:
+                    cm.__exit__(None, None, None)
+                    raise
+                self._portal_cm, self._portal = cm, portal
+            return self._portal
+
+    def call(self, fn: Callable[..., Awaitable[T]], *args: Any) -> T:
+        """Run one coroutine function of the async API and wait for its result."""
+        return self._ensure_portal().call(fn, *args)
+
+    def close(self) -> None:
+        """Close the broker connection and stop the background event loop."""
+        with self._lock:
+            portal, cm = self._portal, self._portal_cm
+            self._portal = self._portal_cm = None
+        if portal is not None and cm is not None:
+            try:
+                portal.call(self.app.broker.close)
+            finally:
+                cm.__exit__(None, None, None)
+
+    def enqueue(self, task: Task[P, R], /, *args: P.args, **kwargs: P.kwargs) -> SyncJobHandle[R]:
+        """Enqueue one call of ``task`` (see ``App.enqueue``)."""
+        handle = self.call(functools.partial(self.app.enqueue, task, *args, **kwargs))
+        return SyncJobHandle(self, handle)
+
+    def job(self, job_id: str) -> JobInfo | None:
+        return self.call(self.app.job, job_id)
+
+
+class SyncJobHandle(Generic[R]):
+    """A ``JobHandle`` for synchronous code."""
+
+    def __init__(self, app: SyncApp, handle: JobHandle[R]) -> None:
+        self._app = app
+        self.handle = handle
+        self.id = handle.id
+
+    def __repr__(self) -> str:
+        return f"<SyncJobHandle {self.id}>"
+
+    def info(self) -> JobInfo | None:
+        return self._app.call(self.handle.info)
+
+    def get(self, timeout: float | None = None) -> R:
+        """Block until the kept result is there (see ``JobHandle.result``)."""
+        return self._app.call(self.handle.result, timeout)

@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 
 import anyio
 
+from taskkit.context import Retry as RetryRequest
+from taskkit.context import Snooze
 from taskkit.errors import JobTimeout
 from taskkit.outcome import DeadLetter, Outcome, Retry
 
@@ -62,15 +64,23 @@ class RetryPolicy:
     dead_on: tuple[type[BaseException], ...] = ()
 
     def decide(self, exc: BaseException, attempts: int, now: float) -> Outcome:
-        """The outcome for a run that raised ``exc`` after ``attempts`` executions."""
-        error = describe_error(exc)
-        if not self.is_retryable(exc):
+        """The outcome for a run that raised ``exc`` after ``attempts`` executions.
+
+        ``Snooze`` puts the job back without using the attempt; ``Retry`` (the exception) uses
+        the attempt but picks its own delay; anything else follows retry_on/dead_on/backoff.
+        """
+        if isinstance(exc, Snooze):
+            return Retry(now + exc.seconds, f"Snooze: {exc}", charge_attempt=False)
+        requested = isinstance(exc, RetryRequest)
+        error = describe_error(exc.__cause__ if requested and exc.__cause__ else exc)
+        if not requested and not self.is_retryable(exc):
             return DeadLetter(error)
         if attempts >= self.max_attempts:
             return DeadLetter(
                 f"{error}\n(gave up after {attempts} of {self.max_attempts} attempts)"
             )
-        return Retry(now + self.backoff.delay(attempts), error)
+        delay = exc.seconds if isinstance(exc, RetryRequest) else self.backoff.delay(attempts)
+        return Retry(now + delay, error)
 
     def is_retryable(self, exc: BaseException) -> bool:
         if isinstance(exc, JobTimeout):

@@ -35,6 +35,7 @@ from pydantic_core import to_jsonable_python
 
 from taskkit.broker import Broker
 from taskkit.clock import Clock, SystemClock
+from taskkit.context import JobContext, _current
 from taskkit.errors import (
     ArgumentsInvalid,
     JobTimeout,
@@ -42,7 +43,7 @@ from taskkit.errors import (
     TaskkitError,
 )
 from taskkit.job import Delivery, Job, Lease, decode_job, validate_queue_name
-from taskkit.outcome import Complete, DeadLetter, Outcome
+from taskkit.outcome import Complete, DeadLetter, Outcome, Retry
 from taskkit.retry import DEFAULT_MAX_ATTEMPTS, RetryPolicy, describe_error
 from taskkit.router import Router
 from taskkit.task import Task
@@ -248,7 +249,6 @@ class Worker:
             self._slot_freed.set()
 
     async def _execute(self, delivery: Delivery) -> Outcome:
-        now = self.clock.now()
         try:
             job = decode_job(delivery.payload)
         except PayloadInvalid as exc:
@@ -269,16 +269,22 @@ class Worker:
             log.error("job %s: dead at once: %s", delivery.job_id, exc)
             return DeadLetter(f"ArgumentsInvalid: {exc}")
         log.debug("job %s: %s attempt %d", delivery.job_id, task.name, delivery.attempts)
-        return await self._call(task, job, args, kwargs, delivery.attempts, now)
+        context = JobContext(
+            id=delivery.job_id,
+            task=task.name,
+            queue=delivery.lease.queue,
+            attempt=delivery.attempts,
+            max_attempts=job.max_attempts or task.settings.policy.max_attempts,
+            worker_id=self.id,
+        )
+        token = _current.set(context)
+        try:
+            return await self._call(task, job, args, kwargs, delivery.attempts)
+        finally:
+            _current.reset(token)
 
     async def _call(
-        self,
-        task: Task[Any, Any],
-        job: Job,
-        args: list[Any],
-        kwargs: dict[str, Any],
-        attempts: int,
-        started: float,
+        self, task: Task[Any, Any], job: Job, args: list[Any], kwargs: dict[str, Any], attempts: int
     ) -> Outcome:
         timeout = job.timeout or task.settings.timeout
         try:
@@ -304,6 +310,9 @@ class Worker:
         if job.max_attempts is not None:
             policy = dataclasses.replace(policy, max_attempts=job.max_attempts)
         outcome = policy.decide(exc, attempts, self.clock.now())
+        if isinstance(outcome, Retry) and not outcome.charge_attempt:
+            log.info("job %s: %s snoozed until %.3f", job.id, task.name, outcome.run_at)
+            return outcome
         kind = "dead" if isinstance(outcome, DeadLetter) else "retry scheduled"
         log.warning(
             "job %s: %s attempt %d/%d failed (%s): %s",
