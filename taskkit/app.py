@@ -25,6 +25,7 @@ from taskkit.broker import Broker, broker_from_url
 from taskkit.clock import Clock, SystemClock
 from taskkit.errors import ConfigurationError, JobDead, ResultTimeout
 from taskkit.job import Job, JobInfo, JobState
+from taskkit.middleware import Hooks
 from taskkit.router import Router
 from taskkit.task import Task
 from taskkit.worker import Worker, WorkerSettings
@@ -70,13 +71,19 @@ class App:
         """Enqueue one call of ``task``. Arguments are validated against its signature first
         (ArgumentsInvalid, nothing stored). Per-call options: ``task.options(delay=...)``."""
         job = task.build_job(args, kwargs, self.clock.now())
-        [job_id] = await self.broker.enqueue([job], self.clock.now())
+        [job_id] = await self._store([job])
         return JobHandle(self, job_id)
 
     async def enqueue_jobs(self, jobs: Sequence[Job]) -> list[JobHandle[Any]]:
         """Store prepared jobs in one broker round trip."""
+        return [JobHandle(self, i) for i in await self._store(jobs)]
+
+    async def _store(self, jobs: Sequence[Job]) -> list[str]:
+        hooks = Hooks(self.router.middleware)
+        hooks.call("before_enqueue", jobs)
         ids = await self.broker.enqueue(jobs, self.clock.now())
-        return [JobHandle(self, i) for i in ids]
+        hooks.call("after_enqueue", jobs, ids)
+        return ids
 
     def job_for(
         self, task_name: str, args: Sequence[Any] = (), kwargs: dict[str, Any] | None = None

@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
-import logging
 import os
 import sys
 from collections.abc import Awaitable, Callable, Sequence
@@ -30,6 +29,7 @@ from taskkit.app import App
 from taskkit.broker import Broker, broker_from_url, redact_url
 from taskkit.errors import AppImportError, ConfigurationError, TaskkitError
 from taskkit.job import validate_queue_name
+from taskkit.logformat import configure_logging
 from taskkit.router import Router
 from taskkit.worker import Worker, WorkerSettings
 
@@ -239,11 +239,18 @@ def _broker_flag(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--log-level", default=os.environ.get("TASKKIT_LOG_LEVEL", "INFO"))
+    common.add_argument(
+        "--log-format",
+        choices=["text", "json"],
+        default=os.environ.get("TASKKIT_LOG_FORMAT", "text"),
+        help="json: one JSON object per line",
+    )
     parser = argparse.ArgumentParser(prog="taskkit", description="Background tasks for Python.")
-    parser.add_argument("--log-level", default=os.environ.get("TASKKIT_LOG_LEVEL", "INFO"))
     sub = parser.add_subparsers(dest="command", required=True)
 
-    p = sub.add_parser("worker", help="run a worker")
+    p = sub.add_parser("worker", parents=[common], help="run a worker")
     p.add_argument("app", metavar="APP", help="module:attribute of a Router or App")
     _broker_flag(p)
     p.add_argument("--queues", help="comma-separated queues (default: every queue the tasks use)")
@@ -268,7 +275,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--worker-id", help="default: $TASKKIT_WORKER_ID, else host-pid-random")
     p.set_defaults(func=cmd_worker)
 
-    p = sub.add_parser("enqueue", help="enqueue one job and print its id")
+    p = sub.add_parser("enqueue", parents=[common], help="enqueue one job and print its id")
     p.add_argument("app", metavar="APP")
     p.add_argument("task", metavar="TASK_NAME")
     p.add_argument("--args", metavar="JSON_LIST")
@@ -279,12 +286,12 @@ def build_parser() -> argparse.ArgumentParser:
     _broker_flag(p)
     p.set_defaults(func=cmd_enqueue)
 
-    p = sub.add_parser("info", help="jobs per queue and state")
+    p = sub.add_parser("info", parents=[common], help="jobs per queue and state")
     _broker_flag(p)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_info)
 
-    p = sub.add_parser("dead", help="list, requeue or purge dead letters")
+    p = sub.add_parser("dead", parents=[common], help="list, requeue or purge dead letters")
     p.add_argument("action", choices=["list", "requeue", "purge"])
     _broker_flag(p)
     p.add_argument("--queue", metavar="Q")
@@ -295,12 +302,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_dead)
 
     for name, text in (("pause", "stop workers claiming from a queue"), ("resume", "undo pause")):
-        p = sub.add_parser(name, help=text)
+        p = sub.add_parser(name, parents=[common], help=text)
         p.add_argument("queue", metavar="QUEUE")
         _broker_flag(p)
         p.set_defaults(func=cmd_pause)
 
-    p = sub.add_parser("migrate", help="create or upgrade the broker's tables")
+    p = sub.add_parser("migrate", parents=[common], help="create or upgrade the broker's tables")
     _broker_flag(p)
     p.set_defaults(func=cmd_migrate)
     return parser
@@ -332,11 +339,7 @@ def _leaves(group: BaseExceptionGroup[BaseException]) -> list[BaseException]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(
-        level=args.log_level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+    configure_logging(args.log_level, args.log_format)
     try:
         code: int = _unwrap_groups(args.func, args)
     except ConfigurationError as exc:

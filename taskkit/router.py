@@ -7,6 +7,7 @@ from typing import Any, ParamSpec, TypeVar, overload
 
 from taskkit.errors import DuplicateTaskName
 from taskkit.job import DEFAULT_QUEUE
+from taskkit.middleware import Middleware
 from taskkit.retry import DEFAULT_MAX_ATTEMPTS, Backoff
 from taskkit.task import Task, TaskDecorator, make_options
 
@@ -19,6 +20,7 @@ class Router:
 
     def __init__(self) -> None:
         self._tasks: dict[str, Task[Any, Any]] = {}
+        self.middleware: list[Middleware] = []
 
     def __repr__(self) -> str:
         return f"<Router tasks={sorted(self._tasks)}>"
@@ -98,9 +100,14 @@ class Router:
         return task
 
     def include(self, other: Router) -> None:
-        """Register every task of ``other`` here (names must not clash)."""
+        """Register every task of ``other`` here (names must not clash), and its middleware."""
         for t in other:
             self.register(t)
+        self.middleware.extend(m for m in other.middleware if m not in self.middleware)
+
+    def use(self, middleware: Middleware) -> None:
+        """Add hooks that producers and workers of this router call (see taskkit.middleware)."""
+        self.middleware.append(middleware)
 
     def get(self, name: str) -> Task[Any, Any] | None:
         return self._tasks.get(name)

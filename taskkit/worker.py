@@ -24,6 +24,7 @@ import os
 import secrets
 import signal
 import socket
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -42,9 +43,10 @@ from taskkit.errors import (
     PayloadInvalid,
     TaskkitError,
 )
-from taskkit.job import Delivery, Job, Lease, decode_job, validate_queue_name
+from taskkit.job import Delivery, Job, Lease, decode_job, peek_task, validate_queue_name
+from taskkit.middleware import Hooks, JobEvent, LoggingMiddleware
 from taskkit.outcome import Complete, DeadLetter, Outcome, Retry
-from taskkit.retry import DEFAULT_MAX_ATTEMPTS, RetryPolicy, describe_error
+from taskkit.retry import DEFAULT_MAX_ATTEMPTS, RetryPolicy
 from taskkit.router import Router
 from taskkit.task import Task
 
@@ -97,9 +99,10 @@ class WorkerSettings(BaseModel):
 @dataclass(eq=False)
 class _Running:
     lease: Lease
+    attempts: int
+    task: str | None = None  # known once the payload decodes
     scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
     lost: bool = False
-    shutting_down: bool = False
 
 
 class Worker:
@@ -125,6 +128,7 @@ class Worker:
         self._settle_wanted = anyio.Event()
         self._to_release: list[Lease] = []
         self._threads = anyio.CapacityLimiter(self.settings.concurrency)
+        self.hooks = Hooks([LoggingMiddleware(), *router.middleware])
         self.processed = 0
 
     # -- control -----------------------------------------------------------------------------
@@ -150,6 +154,7 @@ class Worker:
         async with anyio.create_task_group() as services:
             if handle_signals:
                 services.start_soon(self._watch_signals)
+            self.hooks.call("on_worker_start", self)
             await self._recover()  # start-up recovery: orphans from before we came up
             services.start_soon(self._heartbeat_loop)
             services.start_soon(self._recovery_loop)
@@ -160,6 +165,7 @@ class Worker:
             await self._flush_settles()
             await self._release_leftovers()
             services.cancel_scope.cancel()
+        self.hooks.call("on_worker_stop", self)
         log.info("worker %s stopped after %d jobs", self.id, self.processed)
 
     async def _watch_signals(self) -> None:
@@ -197,7 +203,7 @@ class Worker:
                 await self._broker_trouble("claim", exc, failures)
                 continue
             for delivery in deliveries:
-                running = _Running(delivery.lease)
+                running = _Running(delivery.lease, delivery.attempts)
                 self._running[delivery.job_id] = running
                 jobs.start_soon(self._run_job, delivery, running)
             if self.settings.burst and not deliveries and await self._nothing_left():
@@ -233,42 +239,62 @@ class Worker:
 
     # -- run one job --------------------------------------------------------------------------
 
+    def _event(self, running: _Running, **fields: Any) -> JobEvent:
+        lease = running.lease
+        return JobEvent(
+            lease.job_id, running.task, lease.queue, running.attempts, self.id, **fields
+        )
+
     async def _run_job(self, delivery: Delivery, running: _Running) -> None:
+        started = time.perf_counter()
         try:
             with running.scope:
-                outcome = await self._execute(delivery)
+                outcome = await self._execute(delivery, running)
             if running.lost:
-                log.warning("job %s: lease lost while running; result discarded", delivery.job_id)
+                self.hooks.call("on_lease_lost", self._event(running))
             elif running.scope.cancelled_caught:
                 self._to_release.append(delivery.lease)
             else:
                 self._queue_settle(delivery.lease, outcome)
+                self._report(running, outcome, time.perf_counter() - started)
         finally:
             self._running.pop(delivery.job_id, None)
             self.processed += 1
             self._slot_freed.set()
 
-    async def _execute(self, delivery: Delivery) -> Outcome:
+    def _report(self, running: _Running, outcome: Outcome, duration: float) -> None:
+        self.hooks.call("after_run", self._event(running, duration=duration))
+        if isinstance(outcome, Complete):
+            self.hooks.call("on_done", self._event(running, duration=duration))
+        elif isinstance(outcome, Retry):
+            error = (outcome.error or "").split("\n", 1)[0] or None
+            self.hooks.call(
+                "on_retry",
+                self._event(running, duration=duration, error=error, run_at=outcome.run_at),
+            )
+        else:
+            error = outcome.error.split("\n", 1)[0]
+            self.hooks.call("on_dead", self._event(running, duration=duration, error=error))
+
+    async def _execute(self, delivery: Delivery, running: _Running) -> Outcome:
+        """Decode, look up, validate, run: every failure on the way becomes an outcome."""
         try:
             job = decode_job(delivery.payload)
         except PayloadInvalid as exc:
-            log.error("job %s: dead at once: %s", delivery.job_id, exc)
             return DeadLetter(f"PayloadInvalid: {exc}")
+        running.task = job.task
         task = self.router.get(job.task)
         if task is None:
             known = ", ".join(self.router.names()[:20]) or "none"
-            reason = (
+            return DeadLetter(
                 f"UnknownTask: no task named {job.task!r} is registered with this worker "
                 f"(registered: {known}); deploy the task or requeue the job once it is"
             )
-            log.error("job %s: dead at once: %s", delivery.job_id, reason)
-            return DeadLetter(reason)
         try:
             args, kwargs = task.check_arguments(job.args, job.kwargs)
         except ArgumentsInvalid as exc:
-            log.error("job %s: dead at once: %s", delivery.job_id, exc)
             return DeadLetter(f"ArgumentsInvalid: {exc}")
-        log.debug("job %s: %s attempt %d", delivery.job_id, task.name, delivery.attempts)
+        self.hooks.call("before_run", self._event(running))
         context = JobContext(
             id=delivery.job_id,
             task=task.name,
@@ -302,28 +328,11 @@ class Worker:
                     f"{task.name} ran past its timeout of {timeout}s and was cancelled"
                 )
         except (Exception, SystemExit) as exc:
-            return self._failed(task, job, exc, attempts)
+            policy = task.settings.policy
+            if job.max_attempts is not None:
+                policy = dataclasses.replace(policy, max_attempts=job.max_attempts)
+            return policy.decide(exc, attempts, self.clock.now())
         return self._completed(task, job, result)
-
-    def _failed(self, task: Task[Any, Any], job: Job, exc: BaseException, attempts: int) -> Outcome:
-        policy = task.settings.policy
-        if job.max_attempts is not None:
-            policy = dataclasses.replace(policy, max_attempts=job.max_attempts)
-        outcome = policy.decide(exc, attempts, self.clock.now())
-        if isinstance(outcome, Retry) and not outcome.charge_attempt:
-            log.info("job %s: %s snoozed until %.3f", job.id, task.name, outcome.run_at)
-            return outcome
-        kind = "dead" if isinstance(outcome, DeadLetter) else "retry scheduled"
-        log.warning(
-            "job %s: %s attempt %d/%d failed (%s): %s",
-            job.id,
-            task.name,
-            attempts,
-            policy.max_attempts,
-            kind,
-            describe_error(exc).splitlines()[0],
-        )
-        return outcome
 
     def _completed(self, task: Task[Any, Any], job: Job, result: Any) -> Outcome:
         keep = job.keep_result if job.keep_result is not None else task.settings.keep_result
@@ -395,7 +404,6 @@ class Worker:
         lost_ids = {lease.job_id for lease in lost}
         for r in running:
             if r.lease.job_id in lost_ids:
-                log.warning("job %s: lease lost; cancelling our run", r.lease.job_id)
                 r.lost = True
                 r.scope.cancel()
 
@@ -419,12 +427,16 @@ class Worker:
             log.error("recovery failed (%s); will retry", exc)
             return 0
         for delivery, (_, outcome) in zip(found, decisions, strict=True):
-            log.warning(
-                "job %s: recovered after its lease ran out (attempt %d): %s",
+            verdict = "dead" if isinstance(outcome, DeadLetter) else "requeued"
+            event = JobEvent(
                 delivery.job_id,
+                peek_task(delivery.payload),
+                delivery.lease.queue,
                 delivery.attempts,
-                "dead" if isinstance(outcome, DeadLetter) else "requeued",
+                self.id,
+                error=f"lease ran out; {verdict}",
             )
+            self.hooks.call("on_recovered", event)
         return len(found)
 
     def _lost_run_outcome(self, delivery: Delivery, now: float) -> Outcome:
@@ -455,7 +467,6 @@ class Worker:
 
     def _cancel_running(self) -> None:
         for running in self._running.values():
-            running.shutting_down = True
             running.scope.cancel()
 
     async def _release_leftovers(self) -> None:

@@ -36,18 +36,43 @@ def project(tmp_path: Path) -> Path:
 
 def test_enqueue_work_inspect_and_manage_dead_letters(project: Path) -> None:
     url = f"sqlite:///{project / 'q.db'}"
-    add = run_cli(project, "enqueue", "clitasks:router", "calc.add", "--args", "[2]",
-                  "--kwargs", '{"b": 3}', "--broker", url)
+    add = run_cli(
+        project,
+        "enqueue",
+        "clitasks:router",
+        "calc.add",
+        "--args",
+        "[2]",
+        "--kwargs",
+        '{"b": 3}',
+        "--broker",
+        url,
+    )
     assert add.returncode == 0, add.stderr
     assert re.fullmatch(r"[0-9a-f]{32}\n", add.stdout)
     fail = run_cli(project, "enqueue", "clitasks:router", "calc.fail", "--broker", url)
-    later = run_cli(project, "enqueue", "clitasks:router", "calc.add", "--args", "[1, 1]",
-                    "--delay", "3600", "--broker", url)
+    later = run_cli(
+        project,
+        "enqueue",
+        "clitasks:router",
+        "calc.add",
+        "--args",
+        "[1, 1]",
+        "--delay",
+        "3600",
+        "--broker",
+        url,
+    )
     assert fail.returncode == 0 and later.returncode == 0
 
     info = json.loads(run_cli(project, "info", "--json", "--broker", url).stdout)
-    assert info["queues"]["math"] == {"ready": 2, "scheduled": 1, "running": 0, "dead": 0,
-                                      "paused": False}
+    assert info["queues"]["math"] == {
+        "ready": 2,
+        "scheduled": 1,
+        "running": 0,
+        "dead": 0,
+        "paused": False,
+    }
 
     worker = run_cli(project, "worker", "clitasks:router", "--burst", "--broker", url)
     assert worker.returncode == 0, worker.stderr
@@ -66,7 +91,9 @@ def test_enqueue_work_inspect_and_manage_dead_letters(project: Path) -> None:
     requeued = run_cli(project, "dead", "requeue", "--id", dead[0]["id"], "--json", "--broker", url)
     assert json.loads(requeued.stdout) == {"requeued": [dead[0]["id"]]}
     run_cli(project, "worker", "clitasks:router", "--burst", "--broker", url)
-    purged = run_cli(project, "dead", "purge", "--all", "--queue", "math", "--json", "--broker", url)
+    purged = run_cli(
+        project, "dead", "purge", "--all", "--queue", "math", "--json", "--broker", url
+    )
     assert json.loads(purged.stdout) == {"purged": 1}
 
 
@@ -83,7 +110,9 @@ def test_pause_and_resume_show_in_info(project: Path) -> None:
     assert info["queues"]["math"]["ready"] == 0
 
 
-def test_the_broker_url_comes_from_the_environment(project: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_broker_url_comes_from_the_environment(
+    project: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("TASKKIT_BROKER_URL", f"sqlite:///{project / 'env.db'}")
     run_cli(project, "enqueue", "clitasks:router", "calc.add", "--args", "[1, 2]")
     assert (project / "env.db").exists() and not (project / "taskkit.db").exists()
@@ -109,3 +138,18 @@ def test_mistakes_are_one_readable_line(project: Path, args: list[str], expected
     assert result.stderr.count("\n") == 1, result.stderr
     assert expected in result.stderr and "Traceback" not in result.stderr
     assert "hunter2" not in result.stderr + result.stdout
+
+
+def test_worker_logs_one_json_object_per_line(project: Path) -> None:
+    url = f"sqlite:///{project / 'q.db'}"
+    run_cli(project, "enqueue", "clitasks:router", "calc.add", "--args", "[1, 2]", "--broker", url)
+    run_cli(project, "enqueue", "clitasks:router", "calc.fail", "--broker", url)
+    worker = run_cli(
+        project, "worker", "clitasks:router", "--burst", "--log-format", "json", "--broker", url
+    )
+    assert worker.returncode == 0, worker.stderr
+    entries = [json.loads(line) for line in worker.stderr.splitlines()]
+    events = {e.get("event"): e for e in entries}
+    assert events["done"]["task"] == "calc.add" and events["done"]["queue"] == "math"
+    assert events["dead"]["error"] == "RuntimeError: always fails"
+    assert {"job_id", "attempt", "duration", "ts", "level"} <= set(events["dead"])

@@ -69,4 +69,4 @@ async def test_a_killed_workers_job_is_finished_by_another_worker(
     info = run_cli(tmp_path, "info", "--json", "--broker", url)
     assert info.returncode == 0, info.stderr
     assert '"running": 0' in info.stdout and '"ready": 0' in info.stdout and '"dead": 0' in info.stdout
-    assert "recovered after its lease ran out" in out and job_id in out
+    assert f"job {job_id} recovered" in out and "lease ran out; requeued" in out

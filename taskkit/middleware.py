@@ -1,0 +1,147 @@
+"""Hooks around enqueue and execution.
+
+Subclass ``Middleware``, override the hooks you need, and register it with ``router.use(mw)``;
+producers (``App``) and workers of that router call it. Hooks are plain functions called on the
+worker's event loop, so they must be quick and must not block: record, count, start a span. An
+exception in a hook is logged and swallowed; it never changes a job's outcome.
+
+The worker's own logging (``taskkit.middleware.LoggingMiddleware``) is built on these hooks.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from taskkit.job import Job
+
+if TYPE_CHECKING:
+    from taskkit.worker import Worker
+
+log = logging.getLogger("taskkit.middleware")
+
+
+@dataclass(frozen=True, slots=True)
+class JobEvent:
+    """One thing that happened to a job in a worker. ``task`` is None when the payload did not
+    decode; ``duration`` is the run time in seconds (None before or without a run)."""
+
+    job_id: str
+    task: str | None
+    queue: str
+    attempt: int
+    worker_id: str
+    duration: float | None = None
+    error: str | None = None  # for retries and dead letters: the first line of the error
+    run_at: float | None = None  # for retries: when the job runs again
+
+
+class Middleware:
+    """Override any of these; the defaults do nothing."""
+
+    def before_enqueue(self, jobs: Sequence[Job]) -> None:
+        """Jobs about to be stored (after argument validation)."""
+
+    def after_enqueue(self, jobs: Sequence[Job], ids: Sequence[str]) -> None:
+        """Jobs stored; ``ids[i]`` differs from ``jobs[i].id`` when a dedupe key matched."""
+
+    def on_worker_start(self, worker: Worker) -> None:
+        """The worker is about to claim its first jobs."""
+
+    def on_worker_stop(self, worker: Worker) -> None:
+        """The worker has settled or handed back every job and is exiting."""
+
+    def before_run(self, event: JobEvent) -> None:
+        """A claimed job is about to run."""
+
+    def after_run(self, event: JobEvent) -> None:
+        """A job's handler finished (any outcome); ``event.duration`` is set."""
+
+    def on_done(self, event: JobEvent) -> None:
+        """The job completed."""
+
+    def on_retry(self, event: JobEvent) -> None:
+        """The job failed and will run again at ``event.run_at`` (snoozes included)."""
+
+    def on_dead(self, event: JobEvent) -> None:
+        """The job went to the dead letters; ``event.error`` says why."""
+
+    def on_lease_lost(self, event: JobEvent) -> None:
+        """Another worker took the job over (our lease ran out); our result was discarded."""
+
+    def on_recovered(self, event: JobEvent) -> None:
+        """This worker took back a job whose lease ran out under some worker."""
+
+
+class Hooks:
+    """Calls every registered middleware, isolating failures."""
+
+    def __init__(self, middleware: Sequence[Middleware] = ()) -> None:
+        self.middleware = list(middleware)
+
+    def call(self, hook: str, *args: Any) -> None:
+        for mw in self.middleware:
+            try:
+                getattr(mw, hook)(*args)
+            except Exception:
+                log.exception("middleware %s.%s failed; ignored", type(mw).__name__, hook)
+
+
+class LoggingMiddleware(Middleware):
+    """One log line per job event, with the job's id, task, queue, attempt and duration as
+    ``extra`` fields (the JSON log format prints them as keys)."""
+
+    def __init__(self, logger: logging.Logger | None = None) -> None:
+        self.log = logger or logging.getLogger("taskkit.jobs")
+
+    def _emit(self, level: int, what: str, event: JobEvent) -> None:
+        if not self.log.isEnabledFor(level):
+            return
+        fields: dict[str, object] = {
+            "event": what,
+            "job_id": event.job_id,
+            "task": event.task,
+            "queue": event.queue,
+            "attempt": event.attempt,
+            "worker_id": event.worker_id,
+        }
+        if event.duration is not None:
+            fields["duration"] = round(event.duration, 6)
+        if event.error is not None:
+            fields["error"] = event.error
+        if event.run_at is not None:
+            fields["run_at"] = event.run_at
+        detail = f" in {event.duration * 1000:.1f} ms" if event.duration is not None else ""
+        reason = f": {event.error}" if event.error else ""
+        self.log.log(
+            level,
+            "job %s %s (%s, queue %s, attempt %d)%s%s",
+            event.job_id,
+            what,
+            event.task,
+            event.queue,
+            event.attempt,
+            detail,
+            reason,
+            extra={"taskkit": fields},
+        )
+
+    def before_run(self, event: JobEvent) -> None:
+        self._emit(logging.DEBUG, "claimed", event)
+
+    def on_done(self, event: JobEvent) -> None:
+        self._emit(logging.INFO, "done", event)
+
+    def on_retry(self, event: JobEvent) -> None:
+        self._emit(logging.WARNING, "retry scheduled", event)
+
+    def on_dead(self, event: JobEvent) -> None:
+        self._emit(logging.ERROR, "dead", event)
+
+    def on_lease_lost(self, event: JobEvent) -> None:
+        self._emit(logging.WARNING, "lease lost", event)
+
+    def on_recovered(self, event: JobEvent) -> None:
+        self._emit(logging.WARNING, "recovered", event)
