@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import logging
 import os
 import sys
 from collections.abc import Awaitable, Callable, Sequence
@@ -105,7 +106,20 @@ def cmd_worker(args: argparse.Namespace) -> int:
         raise ConfigurationError(_first_error(exc)) from None
 
     async def run(broker: Broker) -> int:
-        await Worker(router, broker, settings).run(handle_signals=True)
+        worker = Worker(router, broker, settings)
+        if args.metrics_port is None:
+            await worker.run(handle_signals=True)
+            return 0
+        from taskkit.metrics import attach
+
+        server = attach(worker, args.metrics_port, args.metrics_host)
+        async with anyio.create_task_group() as tg:
+            port = await tg.start(server.serve)
+            logging.getLogger("taskkit.worker").info(
+                "serving /metrics, /healthz and /readyz on %s:%d", args.metrics_host, port
+            )
+            await worker.run(handle_signals=True)
+            tg.cancel_scope.cancel()
         return 0
 
     return anyio.run(_with_broker, args.broker, run)
@@ -273,6 +287,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--burst", action="store_true", help="exit 0 once nothing in the queues is ready or running"
     )
     p.add_argument("--worker-id", help="default: $TASKKIT_WORKER_ID, else host-pid-random")
+    p.add_argument(
+        "--metrics-port",
+        type=int,
+        metavar="N",
+        help="serve /metrics, /healthz and /readyz on this port (0: any free port)",
+    )
+    p.add_argument("--metrics-host", default="0.0.0.0", metavar="HOST")
     p.set_defaults(func=cmd_worker)
 
     p = sub.add_parser("enqueue", parents=[common], help="enqueue one job and print its id")

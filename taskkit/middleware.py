@@ -53,6 +53,9 @@ class Middleware:
     def on_worker_stop(self, worker: Worker) -> None:
         """The worker has settled or handed back every job and is exiting."""
 
+    def after_claim(self, worker: Worker, count: int, seconds: float) -> None:
+        """A claim round trip took ``seconds`` and brought ``count`` jobs (maybe 0)."""
+
     def before_run(self, event: JobEvent) -> None:
         """A claimed job is about to run."""
 

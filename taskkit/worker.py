@@ -130,6 +130,7 @@ class Worker:
         self._threads = anyio.CapacityLimiter(self.settings.concurrency)
         self.hooks = Hooks([LoggingMiddleware(), *router.middleware])
         self.processed = 0
+        self.last_claim_ok = time.monotonic()
 
     # -- control -----------------------------------------------------------------------------
 
@@ -140,6 +141,11 @@ class Worker:
     @property
     def stopping(self) -> bool:
         return self._stop.is_set()
+
+    @property
+    def busy(self) -> int:
+        """Jobs running now."""
+        return len(self._running)
 
     async def run(self, *, handle_signals: bool = False) -> None:
         """Serve until ``stop()`` (or, in burst mode, until nothing is ready or running)."""
@@ -194,9 +200,12 @@ class Worker:
                 await self._wait_for_slot()
                 continue
             try:
+                asked = time.monotonic()
                 deliveries = await self.broker.reserve(
                     self.queues, free, self.settings.lease_for, self._claim_wait(), self.clock.now()
                 )
+                self.last_claim_ok = time.monotonic()
+                self.hooks.call("after_claim", self, len(deliveries), self.last_claim_ok - asked)
                 failures = 0
             except TaskkitError as exc:
                 failures += 1
