@@ -51,6 +51,8 @@ class _Record:
     enqueued_at: float = 0.0
     finished_at: float | None = None
     expires_at: float | None = None
+    started_at: float | None = None
+    progress: str | None = None
     seq: int = 0
 
 
@@ -193,6 +195,7 @@ class MemoryBroker(Broker):
             )
             for rec in due[: limit - len(out)]:
                 rec.attempts += 1
+                rec.started_at, rec.progress = now, None
                 out.append(self._lease(rec, lease_for, now))
         return out
 
@@ -271,6 +274,8 @@ class MemoryBroker(Broker):
             last_error=rec.last_error,
             result=rec.result,
             dedupe_key=rec.dedupe_key,
+            started_at=rec.started_at,
+            progress=rec.progress,
         )
 
     async def get_job(self, job_id: str, now: float) -> JobInfo | None:
@@ -324,6 +329,23 @@ class MemoryBroker(Broker):
         for rec in dead:
             del self._store.jobs[rec.id]
         return len(dead)
+
+    async def cancel(self, job_id: str, keep_until: float, now: float) -> JobState | None:
+        self._expire_results(now)
+        rec = self._store.jobs.get(job_id)
+        if rec is None:
+            return None
+        if rec.state is JobState.PENDING:
+            self._free_dedupe(rec)
+            rec.state, rec.finished_at, rec.expires_at = JobState.CANCELLED, now, keep_until
+        return rec.state
+
+    async def set_progress(self, lease: Lease, progress: str, now: float) -> bool:
+        rec = self._owned(lease)
+        if rec is None:
+            return False
+        rec.progress = progress
+        return True
 
     async def set_paused(self, queue: str, paused: bool) -> None:
         if paused:

@@ -98,6 +98,7 @@ class SqliteBroker(Broker):
         conn = sqlite3.connect(
             self.path, timeout=30.0, isolation_level=None, check_same_thread=False
         )
+        conn.row_factory = sqlite3.Row
         conn.execute("PRAGMA journal_mode=WAL")
         conn.execute(f"PRAGMA synchronous={self._synchronous}")
         conn.execute("PRAGMA busy_timeout=30000")
@@ -314,7 +315,7 @@ class SqliteBroker(Broker):
 
     async def get_job(self, job_id: str, now: float) -> JobInfo | None:
         row = await self._call(lambda c: c.execute(SQL["get"], (job_id,)).fetchone())
-        if row is None or (row[14] is not None and row[14] <= now):
+        if row is None or (row["expires_at"] is not None and row["expires_at"] <= now):
             return None
         return _info(row, now)
 
@@ -373,6 +374,25 @@ class SqliteBroker(Broker):
                 rows = self._select_dead(conn, ids, queue)
                 conn.executemany(SQL["purge"], [(r[0],) for r in rows])
                 return len(rows)
+
+        return await self._call(tx)
+
+    async def cancel(self, job_id: str, keep_until: float, now: float) -> JobState | None:
+        def tx(conn: sqlite3.Connection) -> JobState | None:
+            with _immediate(conn):
+                conn.execute(SQL["cancel"], (now, keep_until, job_id))
+                row = conn.execute(SQL["state_of"], (job_id,)).fetchone()
+            if row is None or (row["expires_at"] is not None and row["expires_at"] <= now):
+                return None
+            return JobState(row["state"])
+
+        return await self._call(tx)
+
+    async def set_progress(self, lease: Lease, progress: str, now: float) -> bool:
+        def tx(conn: sqlite3.Connection) -> bool:
+            with _immediate(conn):
+                cur = conn.execute(SQL["set_progress"], (progress, lease.job_id, lease.token))
+                return cur.rowcount == 1
 
         return await self._call(tx)
 
@@ -440,40 +460,9 @@ def _settle_one(conn: sqlite3.Connection, lease: Lease, outcome: Outcome, now: f
     return cur.rowcount == 1
 
 
-def _info(row: tuple[Any, ...], now: float) -> JobInfo:
-    (
-        job_id,
-        queue,
-        task,
-        state,
-        attempts,
-        payload,
-        max_attempts,
-        priority,
-        run_at,
-        enqueued_at,
-        finished_at,
-        last_error,
-        result,
-        dedupe_key,
-        _expires,
-    ) = row
-    st = JobState(state)
-    if st is JobState.PENDING and run_at > now:
-        st = JobState.SCHEDULED
-    return JobInfo(
-        id=job_id,
-        queue=queue,
-        state=st,
-        task=task,
-        attempts=attempts,
-        payload=payload,
-        max_attempts=max_attempts,
-        priority=priority,
-        run_at=run_at,
-        enqueued_at=enqueued_at,
-        finished_at=finished_at,
-        last_error=last_error,
-        result=result,
-        dedupe_key=dedupe_key,
-    )
+def _info(row: sqlite3.Row, now: float) -> JobInfo:
+    state = JobState(row["state"])
+    if state is JobState.PENDING and row["run_at"] > now:
+        state = JobState.SCHEDULED
+    fields = {k: row[k] for k in row.keys() if k not in ("state", "expires_at")}
+    return JobInfo(state=state, **fields)

@@ -6,14 +6,17 @@
 --     seq           insertion order: the tie-break after priority and run time
 --     id            the job id (32 hex characters, or a broker-made id for raw payloads)
 --     queue, task   task is best effort (NULL when the payload does not decode)
---     state         pending | running | done | dead   (scheduled = pending with run_at > now)
+--     state         pending | running | done | dead | cancelled
+--                   (scheduled = pending with run_at > now)
 --     priority      higher first
 --     run_at        seconds since the epoch, from the core's clock
 --     attempts      executions started; the claim adds one
 --     payload       the wire JSON exactly as enqueued (TEXT: a foreign payload may not decode)
 --     lease_token   fences every write after a claim; NULL unless running
 --     lease_until   when the lease runs out
---     result        JSON text of a kept return value; expires_at says until when
+--     result        JSON text of a kept return value; expires_at says until when (also for
+--                   cancelled jobs)
+--     started_at    when the latest attempt was claimed; progress: what it reported (JSON)
 --   paused_queues   one row per paused queue
 
 -- name: schema
@@ -34,8 +37,10 @@ CREATE TABLE IF NOT EXISTS jobs (
     last_error   TEXT,
     result       TEXT,
     enqueued_at  REAL NOT NULL,
+    started_at   REAL,
     finished_at  REAL,
-    expires_at   REAL
+    expires_at   REAL,
+    progress     TEXT
 );
 CREATE INDEX IF NOT EXISTS jobs_claim ON jobs (queue, priority DESC, run_at, seq)
     WHERE state = 'pending';
@@ -45,6 +50,7 @@ CREATE INDEX IF NOT EXISTS jobs_expiry ON jobs (expires_at) WHERE expires_at IS 
 CREATE UNIQUE INDEX IF NOT EXISTS jobs_dedupe ON jobs (dedupe_key)
     WHERE dedupe_key IS NOT NULL AND state IN ('pending', 'running');
 CREATE TABLE IF NOT EXISTS paused_queues (queue TEXT PRIMARY KEY);
+PRAGMA user_version = 1;
 
 -- name: find_active_dedupe
 SELECT id FROM jobs WHERE dedupe_key = ? AND state IN ('pending', 'running');
@@ -57,7 +63,7 @@ VALUES (?, ?, ?, 'pending', ?, ?, ?, ?, ?, ?);
 -- name: claim
 UPDATE jobs
 SET state = 'running', attempts = attempts + 1, lease_until = :lease_until,
-    lease_token = lower(hex(randomblob(16)))
+    lease_token = lower(hex(randomblob(16))), started_at = :now, progress = NULL
 WHERE seq IN (
     SELECT seq FROM jobs
     WHERE queue = :queue AND state = 'pending' AND run_at <= :now
@@ -111,7 +117,7 @@ DELETE FROM jobs WHERE expires_at IS NOT NULL AND expires_at <= ?;
 
 -- name: get
 SELECT id, queue, task, state, attempts, payload, max_attempts, priority, run_at, enqueued_at,
-       finished_at, last_error, result, dedupe_key, expires_at
+       finished_at, last_error, result, dedupe_key, expires_at, started_at, progress
 FROM jobs WHERE id = ?;
 
 -- name: stats
@@ -122,12 +128,22 @@ SELECT queue,
        sum(state = 'dead')
 FROM jobs GROUP BY queue;
 
+-- name: cancel
+UPDATE jobs SET state = 'cancelled', finished_at = ?, expires_at = ?
+WHERE id = ? AND state = 'pending';
+
+-- name: state_of
+SELECT state, expires_at FROM jobs WHERE id = ?;
+
+-- name: set_progress
+UPDATE jobs SET progress = ? WHERE id = ? AND lease_token = ? AND state = 'running';
+
 -- name: paused
 SELECT queue FROM paused_queues;
 
 -- name: list_dead
 SELECT id, queue, task, state, attempts, payload, max_attempts, priority, run_at, enqueued_at,
-       finished_at, last_error, result, dedupe_key, expires_at
+       finished_at, last_error, result, dedupe_key, expires_at, started_at, progress
 FROM jobs WHERE state = 'dead' AND (:queue IS NULL OR queue = :queue)
 ORDER BY finished_at DESC, seq DESC LIMIT :limit;
 

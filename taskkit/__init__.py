@@ -2,7 +2,7 @@
 
 from taskkit.app import App, JobHandle, SyncApp, SyncJobHandle
 from taskkit.broker import Broker, broker_from_url, redact_url
-from taskkit.context import JobContext, Retry, Snooze, current_job
+from taskkit.context import JobContext, JobProgress, Retry, Snooze, current_job, report_progress
 from taskkit.errors import (
     ArgumentsInvalid,
     BrokerError,
@@ -12,6 +12,7 @@ from taskkit.errors import (
     DuplicateTaskName,
     EnqueueError,
     JobDead,
+    JobNotFound,
     JobTimeout,
     LeaseLost,
     PayloadInvalid,
@@ -42,6 +43,8 @@ __all__ = [
     "JobDead",
     "JobHandle",
     "JobInfo",
+    "JobNotFound",
+    "JobProgress",
     "JobState",
     "JobTimeout",
     "LeaseLost",
@@ -62,6 +65,7 @@ __all__ = [
     "broker_from_url",
     "current_job",
     "redact_url",
+    "report_progress",
     "run_worker",
     "task",
 ]

@@ -34,6 +34,8 @@ P = ParamSpec("P")
 R = TypeVar("R")
 T = TypeVar("T")
 
+CANCELLED_RETENTION = 86_400.0  # seconds a cancelled job stays readable
+
 
 class App:
     """The producer's entry point. ``broker`` is a Broker or a URL (``None``: resolved from
@@ -101,6 +103,13 @@ class App:
         """The job's state, or None when the broker keeps nothing of it (done, result not kept)."""
         return await self.broker.get_job(job_id, self.clock.now())
 
+    async def cancel(self, job_id: str) -> JobState | None:
+        """Cancel a pending or scheduled job. Returns CANCELLED when it is cancelled; RUNNING,
+        DONE or DEAD when it could not be (a running job is not interrupted); None when no such
+        job is known. A cancelled job stays readable for a day."""
+        now = self.clock.now()
+        return await self.broker.cancel(job_id, now + CANCELLED_RETENTION, now)
+
     # -- consuming -------------------------------------------------------------------------------
 
     def worker(self, settings: WorkerSettings | None = None) -> Worker:
@@ -121,6 +130,10 @@ class JobHandle(Generic[R]):
     async def info(self) -> JobInfo | None:
         return await self.app.job(self.id)
 
+    async def cancel(self) -> JobState | None:
+        """See ``App.cancel``: CANCELLED, or the state that kept the job from being cancelled."""
+        return await self.app.cancel(self.id)
+
     async def result(self, timeout: float | None = None) -> R:
         """Wait for the job's kept return value. Raises JobDead if it went dead, ResultTimeout
         if it is not done within ``timeout`` seconds. Polls with a growing pause (10 ms to
@@ -138,6 +151,8 @@ class JobHandle(Generic[R]):
                     return cast(R, None if info.result is None else json.loads(info.result))
                 if info.state is JobState.DEAD:
                     raise JobDead(self.id, info.last_error)
+                if info.state is JobState.CANCELLED:
+                    raise JobDead(self.id, "cancelled before it ran")
                 await self.app.broker.wait_for_change(self.id, pause)
                 pause = min(pause * 2, 0.5)
         raise ResultTimeout(f"job {self.id} did not finish within {timeout}s")
@@ -227,6 +242,9 @@ class SyncJobHandle(Generic[R]):
 
     def info(self) -> JobInfo | None:
         return self._app.call(self.handle.info)
+
+    def cancel(self) -> JobState | None:
+        return self._app.call(self.handle.cancel)
 
     def get(self, timeout: float | None = None) -> R:
         """Block until the kept result is there (see ``JobHandle.result``)."""

@@ -28,8 +28,8 @@ from pydantic import ValidationError
 
 from taskkit.app import App
 from taskkit.broker import Broker, broker_from_url, redact_url
-from taskkit.errors import AppImportError, ConfigurationError, TaskkitError
-from taskkit.job import validate_queue_name
+from taskkit.errors import AppImportError, ConfigurationError, JobNotFound, TaskkitError
+from taskkit.job import JobState, validate_queue_name
 from taskkit.logformat import configure_logging
 from taskkit.router import Router
 from taskkit.worker import Worker, WorkerSettings
@@ -211,6 +211,61 @@ def _report(as_json: bool, verb: str, ids: Sequence[str]) -> None:
         print(f"{verb} {len(ids)} job(s)")
 
 
+def cmd_job(args: argparse.Namespace) -> int:
+    async def run(broker: Broker) -> int:
+        info = await App(None, broker).job(args.id)
+        if info is None:
+            raise JobNotFound(
+                f"no job {args.id} (a job that completed without keep_result leaves no trace)"
+            )
+        data = info.to_dict()
+        if args.json:
+            _print_json(data)
+            return 0
+        for key in (
+            "id",
+            "task",
+            "queue",
+            "state",
+            "attempts",
+            "max_attempts",
+            "run_at",
+            "enqueued_at",
+            "started_at",
+            "finished_at",
+            "dedupe_key",
+            "progress",
+            "result",
+            "error",
+        ):
+            value = data[key]
+            if value is not None:
+                text = json.dumps(value) if isinstance(value, (dict, list)) else str(value)
+                print(f"{key + ':':14}{text}")
+        return 0
+
+    return anyio.run(_with_broker, args.broker, run)
+
+
+def cmd_cancel(args: argparse.Namespace) -> int:
+    async def run(broker: Broker) -> int:
+        state = await App(None, broker).cancel(args.id)
+        if state is JobState.CANCELLED:
+            print(f"{args.id}: cancelled")
+            return 0
+        if state is None:
+            raise JobNotFound(f"no job {args.id}")
+        note = (
+            " (it was not interrupted and will finish on its own)"
+            if state is JobState.RUNNING
+            else ""
+        )
+        print(f"{args.id}: not cancelled, it is {state.value}{note}")
+        return EXIT_FAILURE
+
+    return anyio.run(_with_broker, args.broker, run)
+
+
 def cmd_pause(args: argparse.Namespace) -> int:
     queue = validate_queue_name(args.queue)
     paused = args.command == "pause"
@@ -306,6 +361,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dedupe-key", metavar="K")
     _broker_flag(p)
     p.set_defaults(func=cmd_enqueue)
+
+    p = sub.add_parser("job", parents=[common], help="show one job's state")
+    p.add_argument("id", metavar="ID")
+    _broker_flag(p)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_job)
+
+    p = sub.add_parser("cancel", parents=[common], help="cancel a pending or scheduled job")
+    p.add_argument("id", metavar="ID")
+    _broker_flag(p)
+    p.set_defaults(func=cmd_cancel)
 
     p = sub.add_parser("info", parents=[common], help="jobs per queue and state")
     _broker_flag(p)

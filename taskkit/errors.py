@@ -14,7 +14,8 @@ are translated at the broker boundary, so user code never has to catch a driver 
     ├── LeaseLost                   a worker no longer owns the job it tried to touch
     ├── EnqueueError                a job was refused at enqueue; nothing was stored
     │   └── ArgumentsInvalid        arguments that do not fit the task's signature
-    ├── JobDead                     waited for a result, but the job went to the dead letters
+    ├── JobNotFound                 the broker keeps nothing under that job id
+    ├── JobDead                     waited for a result, but the job went dead (or was cancelled)
     ├── ResultTimeout               waited for a result longer than the timeout (a TimeoutError)
     └── JobFailure                  why a job did not complete (raised inside the worker)
         ├── JobTimeout              the handler ran past its timeout (retryable)
@@ -67,6 +68,10 @@ class EnqueueError(TaskkitError):
 
 class ArgumentsInvalid(EnqueueError):
     """The arguments do not fit the task's signature."""
+
+
+class JobNotFound(TaskkitError):
+    """The broker keeps nothing under that job id."""
 
 
 class JobDead(TaskkitError):

@@ -195,6 +195,8 @@ class JobInfo:
     last_error: str | None = None
     result: str | None = None  # JSON text of the kept return value
     dedupe_key: str | None = None
+    started_at: float | None = None  # when the latest attempt was claimed
+    progress: str | None = None  # JSON text reported by the latest attempt
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict (the shape of `taskkit dead list --json`)."""
@@ -208,9 +210,11 @@ class JobInfo:
             "error": self.last_error,
             "run_at": self.run_at,
             "enqueued_at": self.enqueued_at,
+            "started_at": self.started_at,
             "finished_at": self.finished_at,
             "dedupe_key": self.dedupe_key,
             "result": None if self.result is None else json.loads(self.result),
+            "progress": None if self.progress is None else json.loads(self.progress),
         }
 
 

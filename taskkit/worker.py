@@ -17,6 +17,7 @@ On ``stop()`` (SIGTERM/SIGINT under ``taskkit worker``) it stops claiming, gives
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import logging
 import math
@@ -311,12 +312,16 @@ class Worker:
             attempt=delivery.attempts,
             max_attempts=job.max_attempts or task.settings.policy.max_attempts,
             worker_id=self.id,
+            write_progress=functools.partial(self._write_progress, delivery.lease),
         )
         token = _current.set(context)
         try:
             return await self._call(task, job, args, kwargs, delivery.attempts)
         finally:
             _current.reset(token)
+
+    async def _write_progress(self, lease: Lease, progress: str) -> bool:
+        return await self.broker.set_progress(lease, progress, self.clock.now())
 
     async def _call(
         self, task: Task[Any, Any], job: Job, args: list[Any], kwargs: dict[str, Any], attempts: int

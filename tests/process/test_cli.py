@@ -153,3 +153,36 @@ def test_worker_logs_one_json_object_per_line(project: Path) -> None:
     assert events["done"]["task"] == "calc.add" and events["done"]["queue"] == "math"
     assert events["dead"]["error"] == "RuntimeError: always fails"
     assert {"job_id", "attempt", "duration", "ts", "level"} <= set(events["dead"])
+
+
+def test_job_status_and_cancel(project: Path) -> None:
+    url = f"sqlite:///{project / 'q.db'}"
+    later = run_cli(
+        project,
+        "enqueue",
+        "clitasks:router",
+        "calc.add",
+        "--args",
+        "[1, 2]",
+        "--delay",
+        "3600",
+        "--broker",
+        url,
+    ).stdout.strip()
+    now = run_cli(
+        project, "enqueue", "clitasks:router", "calc.add", "--args", "[2, 2]", "--broker", url
+    ).stdout.strip()
+    status = json.loads(run_cli(project, "job", later, "--json", "--broker", url).stdout)
+    assert (status["state"], status["attempts"], status["task"]) == ("scheduled", 0, "calc.add")
+    cancelled = run_cli(project, "cancel", later, "--broker", url)
+    assert cancelled.returncode == 0 and "cancelled" in cancelled.stdout
+    run_cli(project, "worker", "clitasks:router", "--burst", "--broker", url)
+    done = json.loads(run_cli(project, "job", now, "--json", "--broker", url).stdout)
+    assert (done["state"], done["result"], done["attempts"]) == ("done", 4, 1)
+    assert done["started_at"] is not None and done["finished_at"] is not None
+    refused = run_cli(project, "cancel", now, "--broker", url)
+    assert refused.returncode == 1 and "not cancelled, it is done" in refused.stdout
+    text = run_cli(project, "job", later, "--broker", url).stdout
+    assert "state:" in text and "cancelled" in text
+    missing = run_cli(project, "job", "f" * 32, "--broker", url)
+    assert missing.returncode == 1 and "no job" in missing.stderr
