@@ -7,6 +7,7 @@ the reference implementation of the contract: short, with no storage concerns in
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -27,6 +28,7 @@ from taskkit.job import (
     QueueStats,
     new_job_id,
     peek_task,
+    validate_queue_name,
 )
 from taskkit.outcome import Complete, DeadLetter, Outcome, Retry
 
@@ -130,8 +132,8 @@ class MemoryBroker(Broker):
         ids: list[str] = []
         for job in jobs:
             held = self._store.dedupe.get(job.dedupe_key) if job.dedupe_key else None
-            if held is not None:
-                ids.append(held)
+            if held is not None or job.id in self._store.jobs:
+                ids.append(held or job.id)
                 continue
             self._add(job.id, job.queue, job.to_wire(), now, job)
             ids.append(job.id)
@@ -140,7 +142,7 @@ class MemoryBroker(Broker):
 
     async def enqueue_raw(self, queue: str, payload: bytes | str, now: float) -> str:
         job_id = new_job_id()
-        self._add(job_id, queue or DEFAULT_QUEUE, _as_text(payload), now, None)
+        self._add(job_id, validate_queue_name(queue or DEFAULT_QUEUE), _as_text(payload), now, None)
         self._notify()
         return job_id
 
@@ -168,9 +170,10 @@ class MemoryBroker(Broker):
     async def reserve(
         self, queues: Sequence[str], limit: int, lease_for: float, wait: float, now: float
     ) -> list[Delivery]:
+        started = time.monotonic()
         with anyio.move_on_after(wait):
             while True:
-                got = self._take(queues, limit, lease_for, now)
+                got = self._take(queues, limit, lease_for, now + (time.monotonic() - started))
                 if got or wait <= 0:
                     return got
                 if self._store.changed is None:
@@ -348,6 +351,7 @@ class MemoryBroker(Broker):
         return True
 
     async def set_paused(self, queue: str, paused: bool) -> None:
+        validate_queue_name(queue)
         if paused:
             self._store.paused.add(queue)
         else:

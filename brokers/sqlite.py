@@ -36,6 +36,7 @@ from taskkit.job import (
     QueueStats,
     new_job_id,
     peek_task,
+    validate_queue_name,
 )
 from taskkit.outcome import Complete, DeadLetter, Outcome, Retry
 
@@ -104,6 +105,7 @@ class SqliteBroker(Broker):
         conn.execute("PRAGMA busy_timeout=30000")
         with _immediate(conn):
             _run_script(conn, SQL["schema"])
+            _add_missing_columns(conn)
         return conn
 
     async def close(self) -> None:
@@ -138,6 +140,9 @@ class SqliteBroker(Broker):
             ids: list[str] = []
             with _immediate(conn):
                 for job in jobs:
+                    if conn.execute(SQL["exists"], (job.id,)).fetchone():
+                        ids.append(job.id)
+                        continue
                     if job.dedupe_key is not None:
                         row = conn.execute(SQL["find_active_dedupe"], (job.dedupe_key,)).fetchone()
                         if row is not None:
@@ -166,6 +171,7 @@ class SqliteBroker(Broker):
         return ids
 
     async def enqueue_raw(self, queue: str, payload: bytes | str, now: float) -> str:
+        validate_queue_name(queue)
         text: str | bytes = payload
         if isinstance(payload, bytes):
             try:
@@ -397,6 +403,8 @@ class SqliteBroker(Broker):
         return await self._call(tx)
 
     async def set_paused(self, queue: str, paused: bool) -> None:
+        validate_queue_name(queue)
+
         def tx(conn: sqlite3.Connection) -> None:
             with _immediate(conn):
                 conn.execute(SQL["pause" if paused else "resume"], (queue,))
@@ -435,6 +443,17 @@ def _run_script(conn: sqlite3.Connection, script: str) -> None:
     for statement in script.split(";"):
         if statement.strip():
             conn.execute(statement)
+
+
+# Columns added after the first release of the table, created on older files at connect.
+_LATER_COLUMNS = {"started_at": "REAL", "progress": "TEXT"}
+
+
+def _add_missing_columns(conn: sqlite3.Connection) -> None:
+    have = {row["name"] for row in conn.execute("PRAGMA table_info(jobs)")}
+    for name, kind in _LATER_COLUMNS.items():
+        if name not in have:
+            conn.execute(f"ALTER TABLE jobs ADD COLUMN {name} {kind}")
 
 
 def _data_version(conn: sqlite3.Connection) -> int:

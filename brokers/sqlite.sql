@@ -55,6 +55,9 @@ PRAGMA user_version = 1;
 -- name: find_active_dedupe
 SELECT id FROM jobs WHERE dedupe_key = ? AND state IN ('pending', 'running');
 
+-- name: exists
+SELECT 1 FROM jobs WHERE id = ?;
+
 -- name: insert
 INSERT INTO jobs (id, queue, task, state, priority, run_at, max_attempts, payload, dedupe_key,
                   enqueued_at)

@@ -94,8 +94,9 @@ class Broker(ABC):
         """Store ``jobs`` in one atomic step; each is ready at ``job.run_at`` (or ``now``).
 
         A job whose ``dedupe_key`` is held by a pending or running job is not stored: the id of
-        the job that holds the key is returned in its place. Returns one id per input job, in
-        order. An empty sequence is a no-op returning ``[]``.
+        the job that holds the key is returned in its place. A job whose id the broker already
+        holds is not stored again (enqueue is idempotent by id). Returns one id per input job,
+        in order. An empty sequence is a no-op returning ``[]``. Queue names are validated.
         """
 
     @abstractmethod

@@ -127,6 +127,7 @@ class Worker:
         self._stop = anyio.Event()
         self._pending_settles: list[tuple[Lease, Outcome]] = []
         self._settle_wanted = anyio.Event()
+        self._settle_lock = anyio.Lock()
         self._to_release: list[Lease] = []
         self._threads = anyio.CapacityLimiter(self.settings.concurrency)
         self.hooks = Hooks([LoggingMiddleware(), *router.middleware])
@@ -372,7 +373,13 @@ class Worker:
 
     async def _flush_settles(self) -> None:
         """Write every queued outcome in one broker call; on broker trouble keep them and retry
-        (a lease that runs out meanwhile is refused and the job reruns: at-least-once)."""
+        (a lease that runs out meanwhile is refused and the job reruns: at-least-once).
+        One flush at a time, shielded: shutdown waits for the batch in flight."""
+        async with self._settle_lock:
+            with anyio.CancelScope(shield=True):
+                await self._flush_locked()
+
+    async def _flush_locked(self) -> None:
         failures = 0
         while self._pending_settles:
             batch, self._pending_settles = self._pending_settles, []
@@ -436,7 +443,8 @@ class Worker:
                 return 0
             now = self.clock.now()
             decisions = [(d.lease, self._lost_run_outcome(d, now)) for d in found]
-            await self.broker.settle(decisions, now)
+            with anyio.CancelScope(shield=True):  # taken over: decide before shutting down
+                await self.broker.settle(decisions, now)
         except TaskkitError as exc:
             log.error("recovery failed (%s); will retry", exc)
             return 0

@@ -21,6 +21,8 @@ import time
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from taskkit.broker import redact_url
+
 REDIS_ENV, REDIS_DEFAULT = "TASKKIT_TEST_REDIS_URL", "redis://127.0.0.1:6379/0"
 POSTGRES_ENV = "TASKKIT_TEST_POSTGRES_URL"
 POSTGRES_DEFAULT = "postgresql://postgres@127.0.0.1:5432/test"
@@ -29,7 +31,8 @@ POSTGRES_DEFAULT = "postgresql://postgres@127.0.0.1:5432/test"
 def _answers(url: str, default_port: int) -> bool:
     parts = urlsplit(url)
     try:
-        with socket.create_connection((parts.hostname or "127.0.0.1", parts.port or default_port), 1):
+        address = (parts.hostname or "127.0.0.1", parts.port or default_port)
+        with socket.create_connection(address, 1):
             return True
     except OSError:
         return False
@@ -42,6 +45,7 @@ def _free_port() -> int:
 
 
 def _say(message: str) -> None:
+    message = " ".join(redact_url(w) if "://" in w else w for w in message.split(" "))
     print(f"[taskkit tests] {message}", file=sys.stderr)
 
 

@@ -1,0 +1,202 @@
+-- taskkit PostgreSQL broker: schema migrations.
+--
+-- Applied in order by `taskkit migrate` (PostgresBroker.migrate). Each section starts with a line
+-- `-- migration: NNNN_name`; a section is applied once, inside one transaction that first takes
+-- pg_advisory_xact_lock (so several processes may migrate at once) and records its version in
+-- {schema}.schema_version. Never edit a released section: add a new one.
+--
+-- `{schema}` is replaced by the quoted schema name (default "taskkit", from ?schema=NAME) and
+-- `{channel}` by the LISTEN/NOTIFY channel of that schema ("taskkit.<schema>").
+--
+-- Table layout
+-- ------------
+-- {schema}.jobs: the live jobs, one row each. Rows leave the table when a job completes without
+-- a kept result (DELETE at settle), when a kept result expires (pruned in batches), or when dead
+-- jobs are purged. Times are float seconds since the epoch from the caller's clock (the core's
+-- `now`), never SQL now(), so a fake clock drives every state change. Only foreign producers
+-- (the enqueue function, column defaults) stamp times with the database clock.
+--
+--   id            text PK     the envelope's id (32 hex chars for jobs taskkit creates)
+--   seq           bigint      insertion order: FIFO tie-break after priority and run_at
+--   queue         text        queue name (validated by the producer)
+--   task          text        task name, best effort (NULL for foreign payloads that do not parse)
+--   state         text        pending | running | done | dead ("scheduled" = pending, run_at > now)
+--   priority      int         higher first
+--   run_at        float8      runnable from; also the retry time
+--   attempts      int         claims charged so far (reclaims do not charge again)
+--   max_attempts  int         copied from the envelope, for listings only; the core decides
+--   payload       text        the wire JSON exactly as given (text, not jsonb: foreign payloads
+--                             may not even be JSON, and must be delivered to be dead-lettered)
+--   payload_raw   bytea       instead of payload, for a foreign payload text cannot hold (bytes
+--                             that are not UTF-8, or NUL characters); delivered as bytes
+--   dedupe_key    text        unique among pending and running jobs
+--   lease_token   text        fresh per claim/reclaim; fences every later write; set exactly
+--                             while the job is running
+--   lease_until   float8      lease expiry of a running job
+--   last_error    text        the last retry or dead-letter reason
+--   result        text        kept result (JSON text) of a done job
+--   enqueued_at, finished_at  float8
+--   expires_at    float8      when a done job's kept result may be dropped
+--
+-- Indexes, all partial so each covers only the rows one query looks for:
+--   jobs_claim_idx    (queue, priority DESC, run_at, seq) WHERE state = 'pending'
+--                     the claim scan reads it in claim order, one queue at a time.
+--   jobs_running_idx  (queue) WHERE state = 'running'
+--                     the reaper filters lease_until on the (small) running set. lease_until is
+--                     deliberately NOT indexed: heartbeats only touch lease_until, so with no
+--                     index on it and fillfactor < 100 they are HOT updates (no index writes).
+--   jobs_dedupe_idx   UNIQUE (dedupe_key) WHERE dedupe_key IS NOT NULL
+--                                       AND state IN ('pending', 'running')
+--                     enqueue uses INSERT ... ON CONFLICT DO NOTHING against it; jobs without
+--                     a key cost it nothing.
+--   jobs_dead_idx     (finished_at DESC) WHERE state = 'dead'     dead-letter listings.
+--   jobs_expiry_idx   (expires_at) WHERE state = 'done'           pruning of kept results.
+--
+-- Fencing: the CHECK below makes lease_token non-NULL exactly while state = 'running', so the
+-- batched writes after a claim (settle, extend, release) match on (id, lease_token) alone. They
+-- deliberately do not repeat state = 'running': that condition would let the planner, misled by
+-- statistics taken when nothing ran ("no running rows"), drive the batch from a scan of
+-- jobs_running_idx joined against every batch row, instead of one primary-key lookup per row.
+--
+-- {schema}.paused_queues: one row per paused queue; claims skip them.
+-- {schema}.enqueue(...): the SQL entry point for foreign producers (see the function's comment).
+-- A bare `INSERT INTO {schema}.jobs (payload) VALUES ('{"task": ...}')` works too (the columns
+-- default to a fresh id, the default queue, pending, due now by the database clock), but it wakes
+-- no idle worker: they find the job at their next poll. Prefer the function.
+
+
+-- migration: 0001_initial
+
+CREATE TABLE {schema}.jobs (
+    id            text PRIMARY KEY DEFAULT replace(gen_random_uuid()::text, '-', ''),
+    seq           bigint GENERATED ALWAYS AS IDENTITY,
+    queue         text NOT NULL DEFAULT 'default',
+    task          text,
+    state         text NOT NULL DEFAULT 'pending'
+                  CHECK (state IN ('pending', 'running', 'done', 'dead')),
+    priority      integer NOT NULL DEFAULT 0,
+    run_at        double precision NOT NULL DEFAULT extract(epoch FROM now()),
+    attempts      integer NOT NULL DEFAULT 0,
+    max_attempts  integer,
+    payload       text,
+    payload_raw   bytea,
+    dedupe_key    text,
+    lease_token   text,
+    lease_until   double precision,
+    last_error    text,
+    result        text,
+    enqueued_at   double precision NOT NULL DEFAULT extract(epoch FROM now()),
+    finished_at   double precision,
+    expires_at    double precision,
+    CHECK ((payload IS NULL) <> (payload_raw IS NULL)),
+    CHECK ((state = 'running') = (lease_token IS NOT NULL))
+) WITH (
+    -- Room on each page for HOT updates (heartbeats), and a vacuum that keeps up with a table
+    -- whose every row is inserted, updated a few times and deleted within seconds.
+    fillfactor = 80,
+    autovacuum_vacuum_scale_factor = 0.01,
+    autovacuum_vacuum_threshold = 1000,
+    autovacuum_vacuum_insert_scale_factor = 0.01,
+    autovacuum_analyze_scale_factor = 0.02,
+    autovacuum_vacuum_cost_delay = 1
+);
+
+CREATE INDEX jobs_claim_idx ON {schema}.jobs (queue, priority DESC, run_at, seq)
+    WHERE state = 'pending';
+
+CREATE INDEX jobs_running_idx ON {schema}.jobs (queue)
+    WHERE state = 'running';
+
+CREATE UNIQUE INDEX jobs_dedupe_idx ON {schema}.jobs (dedupe_key)
+    WHERE dedupe_key IS NOT NULL AND state IN ('pending', 'running');
+
+CREATE INDEX jobs_dead_idx ON {schema}.jobs (finished_at DESC)
+    WHERE state = 'dead';
+
+CREATE INDEX jobs_expiry_idx ON {schema}.jobs (expires_at)
+    WHERE state = 'done';
+
+CREATE TABLE {schema}.paused_queues (
+    queue      text PRIMARY KEY,
+    paused_at  timestamptz NOT NULL DEFAULT now()
+);
+
+-- Enqueue one job from SQL, for producers that are not taskkit (psql, triggers, other languages):
+--
+--   SELECT {schema}.enqueue('emails.send', '["a@example.com"]', '{"urgent": true}');
+--   SELECT {schema}.enqueue('reports.build', queue => 'reports', run_at => now() + interval '1 hour',
+--                           dedupe_key => 'report:42');
+--
+-- Builds a version-1 wire payload, inserts a pending job and wakes idle workers of its queue with
+-- one NOTIFY (delivered when the caller's transaction commits; a rollback enqueues nothing).
+-- Returns the new job's id or, when a pending or running job holds `dedupe_key`, that job's id.
+-- Times here are the database clock's (run_at defaults to now()).
+CREATE FUNCTION {schema}.enqueue(
+    task          text,
+    args          jsonb DEFAULT '[]',
+    kwargs        jsonb DEFAULT '{}',
+    queue         text DEFAULT 'default',
+    priority      integer DEFAULT 0,
+    run_at        timestamptz DEFAULT NULL,
+    max_attempts  integer DEFAULT NULL,
+    dedupe_key    text DEFAULT NULL,
+    timeout       double precision DEFAULT NULL
+) RETURNS text
+LANGUAGE plpgsql
+AS $$
+#variable_conflict use_column
+DECLARE
+    new_id   text := replace(gen_random_uuid()::text, '-', '');
+    now_s    double precision := extract(epoch FROM now());
+    due      double precision := coalesce(extract(epoch FROM enqueue.run_at), now_s);
+    body     jsonb;
+    holder   text;
+BEGIN
+    IF enqueue.task IS NULL OR enqueue.task !~ '^[^\x01-\x20\x7f-\x9f]{1,200}$' THEN
+        RAISE EXCEPTION 'taskkit.enqueue: invalid task name %', coalesce(quote_literal(enqueue.task), 'NULL')
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF enqueue.queue IS NULL OR enqueue.queue !~ '^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$' THEN
+        RAISE EXCEPTION 'taskkit.enqueue: invalid queue name %', coalesce(quote_literal(enqueue.queue), 'NULL')
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'use 1-128 characters from A-Z a-z 0-9 _ . : - starting with a letter or digit';
+    END IF;
+    IF jsonb_typeof(enqueue.args) IS DISTINCT FROM 'array'
+       OR jsonb_typeof(enqueue.kwargs) IS DISTINCT FROM 'object' THEN
+        RAISE EXCEPTION 'taskkit.enqueue: args must be a JSON array and kwargs a JSON object'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+
+    body := jsonb_build_object(
+        'v', 1, 'id', new_id, 'task', enqueue.task, 'args', enqueue.args,
+        'kwargs', enqueue.kwargs, 'queue', enqueue.queue, 'priority', coalesce(enqueue.priority, 0),
+        'enqueued_at', now_s
+    ) || jsonb_strip_nulls(jsonb_build_object(
+        'run_at', extract(epoch FROM enqueue.run_at)::double precision,
+        'max_attempts', enqueue.max_attempts,
+        'timeout', enqueue.timeout,
+        'dedupe_key', enqueue.dedupe_key
+    ));
+
+    -- A dedupe holder may finish between the failed insert and the lookup: try again then.
+    FOR attempt IN 1..5 LOOP
+        INSERT INTO {schema}.jobs AS j
+            (id, queue, task, state, priority, run_at, max_attempts, payload, dedupe_key, enqueued_at)
+        VALUES
+            (new_id, enqueue.queue, enqueue.task, 'pending', coalesce(enqueue.priority, 0), due,
+             enqueue.max_attempts, body::text, enqueue.dedupe_key, now_s)
+        ON CONFLICT DO NOTHING;
+        IF FOUND THEN
+            PERFORM pg_notify('{channel}', enqueue.queue);
+            RETURN new_id;
+        END IF;
+        SELECT h.id INTO holder FROM {schema}.jobs h
+        WHERE h.dedupe_key = enqueue.dedupe_key AND h.state IN ('pending', 'running');
+        IF holder IS NOT NULL THEN
+            RETURN holder;
+        END IF;
+    END LOOP;
+    RAISE EXCEPTION 'taskkit.enqueue: could not store the job (dedupe key % keeps changing hands)',
+        quote_literal(enqueue.dedupe_key);
+END
+$$;
