@@ -12,11 +12,19 @@ from pathlib import Path
 TASKKIT = [sys.executable, "-m", "taskkit.cli"]
 
 
-def start_worker(app: str, url: str, cwd: Path, *args: str, worker_id: str) -> subprocess.Popen[str]:
+def start_worker(
+    app: str, url: str, cwd: Path, *args: str, worker_id: str, log: Path | None = None
+) -> subprocess.Popen[str]:
+    """Start `taskkit worker`; its output goes to a pipe, or to the file ``log``."""
     env = {**os.environ, "PYTHONPATH": str(cwd), "TASKKIT_LOG_LEVEL": "INFO"}
+    out = subprocess.PIPE if log is None else log.open("w")
     return subprocess.Popen(
         [*TASKKIT, "worker", app, "--broker", url, "--worker-id", worker_id, *args],
-        cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        cwd=cwd,
+        env=env,
+        stdout=out,
+        stderr=subprocess.STDOUT,
+        text=True,
     )
 
 

@@ -44,8 +44,9 @@ async def test_a_killed_workers_job_is_finished_by_another_worker(
     (tmp_path / "killtasks.py").write_text(TASKS)
     ledger = tmp_path / "ledger.txt"
     ledger.touch()
-    enq = run_cli(tmp_path, "enqueue", "killtasks:router", "slow.work", "--args", "[7]",
-                  "--broker", url)
+    enq = run_cli(
+        tmp_path, "enqueue", "killtasks:router", "slow.work", "--args", "[7]", "--broker", url
+    )
     assert enq.returncode == 0, enq.stderr
     job_id = enq.stdout.strip()
 
@@ -68,5 +69,7 @@ async def test_a_killed_workers_job_is_finished_by_another_worker(
     assert lines[1].split()[2] == lines[2].split()[2] == str(second.pid)
     info = run_cli(tmp_path, "info", "--json", "--broker", url)
     assert info.returncode == 0, info.stderr
-    assert '"running": 0' in info.stdout and '"ready": 0' in info.stdout and '"dead": 0' in info.stdout
+    assert (
+        '"running": 0' in info.stdout and '"ready": 0' in info.stdout and '"dead": 0' in info.stdout
+    )
     assert f"job {job_id} recovered" in out and "lease ran out; requeued" in out

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import signal
 import textwrap
 from collections import Counter
 from pathlib import Path
@@ -12,19 +13,20 @@ import pytest
 from taskkit import App, Job
 from tests.backends import BrokerSpace
 
-from .helpers import run_cli, start_worker
+from .helpers import run_cli, start_worker, wait_until
 
 pytestmark = pytest.mark.anyio
 
 TASKS = textwrap.dedent(
     """
-    import os
+    import os, time
     from taskkit import Router
 
     router = Router()
 
     @router.task(name="ledger.record")
     def record(n: int) -> None:
+        time.sleep(0.005)  # long enough that one worker cannot take the whole queue alone
         # O_APPEND writes of one short line are atomic, so processes can share the ledger.
         fd = os.open(os.environ["LEDGER"], os.O_WRONLY | os.O_APPEND)
         os.write(fd, f"{n} {os.getpid()}\\n".encode())
@@ -41,24 +43,37 @@ async def test_three_workers_share_one_queue_without_running_a_job_twice(
     ledger = tmp_path / "ledger.txt"
     ledger.touch()
     monkeypatch.setenv("LEDGER", str(ledger))
-    n = 300
-    async with App(None, server_space.make()) as app:
-        jobs = [Job(task="ledger.record", args=[i]) for i in range(n)]
-        await app.enqueue_jobs(jobs)
-
+    logs = [tmp_path / f"w{i}.log" for i in range(3)]
     workers = [
-        start_worker("ledgertasks:router", server_space.url, tmp_path, "--burst",
-                     "--concurrency", "4", worker_id=f"w{i}")
+        start_worker(
+            "ledgertasks:router",
+            server_space.url,
+            tmp_path,
+            "--concurrency",
+            "4",
+            worker_id=f"w{i}",
+            log=logs[i],
+        )
         for i in range(3)
     ]
-    outputs = [w.communicate(timeout=120)[0] for w in workers]
-    assert [w.returncode for w in workers] == [0, 0, 0], outputs
+    try:
+        for log in logs:  # all three wait for work before any arrives
+            wait_until(lambda log=log: "starting" in log.read_text(), 30, f"{log.name} to start")
+        n = 300
+        async with App(None, server_space.make()) as app:
+            await app.enqueue_jobs([Job(task="ledger.record", args=[i]) for i in range(n)])
+        wait_until(lambda: ledger.read_text().count("\n") >= n, 120, "every job to run")
+    finally:
+        for w in workers:
+            w.send_signal(signal.SIGTERM)
+        codes = [w.wait(30) for w in workers]
+    assert codes == [0, 0, 0], [log.read_text()[-2000:] for log in logs]
 
-    runs = Counter(int(line.split()[0]) for line in ledger.read_text().splitlines())
+    lines = ledger.read_text().splitlines()
+    runs = Counter(int(line.split()[0]) for line in lines)
     assert sorted(runs) == list(range(n)), "every job ran"
     assert max(runs.values()) == 1, "no job ran twice"
-    pids = {line.split()[1] for line in ledger.read_text().splitlines()}
-    assert len(pids) >= 2, "the work was shared"
+    assert len({line.split()[1] for line in lines}) >= 2, "the work was shared"
     info = run_cli(tmp_path, "info", "--json", "--broker", server_space.url)
     left = json.loads(info.stdout)["queues"].get("default", {"ready": 0, "running": 0})
     assert (left["ready"], left["running"]) == (0, 0)

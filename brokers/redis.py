@@ -1,0 +1,996 @@
+"""RedisBroker: jobs in Redis (``redis://`` and ``rediss://``), through redis.asyncio.
+
+URL: ``redis://[:password@]host[:port][/db][?prefix=NAME&...]``. Query options taskkit reads
+(and strips before the URL reaches ``redis.asyncio.from_url``): ``prefix`` (key prefix, default
+``taskkit``; same characters as a queue name), ``dead_max`` (dead letters kept per queue, default
+10000, 0 = no limit), ``dead_ttl`` (seconds a dead letter is kept, default 7 days, 0 = forever),
+``processing_grace`` (seconds, default 60; see "Crash between BLMOVE and the claim"). Keyword
+arguments of the same names win over the URL; any other keyword goes to ``from_url``.
+
+Key layout (P = prefix, Q = queue; ``{Q}`` is the hash tag, so all keys of a queue live in one
+Redis Cluster slot and every Lua script works on one slot). Details in ``redis_scripts.lua``::
+
+    P:queues                  set     queue registry (names seen by enqueue/reserve/pause)
+    P:{Q}:ready               list    the inbox BLMOVE waits on: wake hints and foreign payloads
+    P:{Q}:processing:<bid>    list    BLMOVE's destination, one per broker instance <bid>
+    P:{Q}:workers             zset    broker instance -> last ``now`` it claimed on Q
+    P:{Q}:queued              zset    due pending jobs, ordered priority, run_at, FIFO
+    P:{Q}:scheduled           zset    pending jobs by run_at, not yet due
+    P:{Q}:leases              zset    running jobs by lease_until
+    P:{Q}:tokens              hash    id -> lease token (exactly the running jobs)
+    P:{Q}:attempts            hash    id -> attempts
+    P:{Q}:payloads            hash    id -> payload as stored
+    P:{Q}:meta                hash    id -> JSON: state, priority, run_at, seq, times, dedupe key,
+                                      max_attempts, last error
+    P:{Q}:dead                zset    dead jobs by finished_at
+    P:{Q}:dedupe              hash    dedupe key -> id of the active job holding it
+    P:{Q}:seq                 string  FIFO counter
+    P:{Q}:rawids              hash    payload -> ids promised by enqueue_raw
+    P:{Q}:started             hash    id -> when its latest attempt was claimed
+    P:{Q}:progress            hash    id -> progress JSON of its latest attempt
+    P:{Q}:paused              string  present while Q is paused
+    P:{Q}:done:<id>           hash    a finished job kept until keep_until (a kept result, or
+                                      a cancelled job); real TTL (PEXPIRE)
+
+Why per-queue hashes and not one hash per job: a claim pops ids it cannot know beforehand, and a
+Lua script may only touch keys passed in KEYS (Cluster's rule). With the job's fields in a few
+per-queue hashes, every script's keys are known up front. The one per-job key, ``done:<id>``, is
+written by settle and cancel and read by get_job, which all know the id; it carries a real TTL so
+kept results never outlive ``keep_until`` in memory. A job id maps to its queue by looking in every
+queue of the registry (one pipelined round trip; ids enqueued through this instance are
+remembered), so no cross-slot index has to be kept consistent.
+
+Claim. ``reserve`` runs the ``claim`` script per queue, in the caller's order: it adopts what
+this instance's BLMOVE moved, drains the inbox (dropping hints, adopting raw payloads), promotes
+due scheduled jobs (workers promote; there is no scheduler process), then takes up to ``limit``
+from ``queued`` with attempts + 1, a fresh token and a lease, all in one atomic step. When
+nothing is due and ``wait > 0`` it blocks in ``BLMOVE P:{Q}:ready P:{Q}:processing:<bid> RIGHT
+LEFT`` (several queues: one BLMOVE per queue, concurrently; the first to wake cancels the
+others) for at most ``wait``, the time until the next scheduled job is due, and half the
+processing grace, then claims again. Producers LPUSH and workers take from the right: FIFO, as
+with ``redis-cli LPUSH``. The inbox holds wake hints rather than the jobs themselves because the
+order of a claim (priority, then run time) is not the order of arrival: ``queued`` decides the
+order, the list only wakes waiters (one hint per due job, at most 64 per call).
+
+Foreign producers. ``redis-cli LPUSH P:{Q}:ready '{"task": "emails.send", "args": [...]}'``
+enqueues a job: an inbox element that is not exactly 32 lowercase hex characters is a payload,
+stored byte for byte under a fresh id and delivered (malformed ones too; the core dead-letters
+them). ``enqueue_raw`` does that same LPUSH and also records the id it returns in ``rawids``, so
+the adopting claim uses it. (A foreign payload of exactly 32 hex characters reads as a hint and is
+dropped; ``enqueue_raw`` stores such a payload directly.)
+
+Crash between BLMOVE and the claim. BLMOVE moves an element into this instance's processing
+list; the next claim script adopts it. If the process dies in between, the element waits in
+``processing:<bid>``: ``reclaim_expired`` (run by every worker's recovery loop) finds instances
+not seen in ``workers`` for ``processing_grace`` seconds and adopts their lists. Recovering a live
+instance's list by mistake only moves the element once, so it can never be delivered twice.
+
+Leases are fenced by token in every script (extend, settle, release); ``settle``, ``extend`` and
+``release`` send one script call per queue for the whole batch (at most 500 jobs a call, so no
+script holds the server for long), pipelined in one round trip; a claim leases its whole batch in
+one call and returns it as one framed string. Dedupe keys are per queue (``P:{Q}:dedupe``).
+Time always comes from the caller's ``now``; the only wall clock is the BLMOVE timeout, kept
+under the client's ``socket_timeout`` when one is set.
+
+Scope: one Redis server (or a primary with replicas). The layout is ready for Redis Cluster
+(every script and BLMOVE stays in one slot) but the client is ``redis.asyncio.Redis``, not
+``RedisCluster``. Needs Redis 6.2 or newer.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import re
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Final
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+import anyio
+import redis.asyncio as aioredis
+from redis import exceptions as rex
+from redis.asyncio.connection import parse_url
+
+from taskkit.broker import Broker, redact_url
+from taskkit.errors import (
+    BrokerError,
+    BrokerUnavailable,
+    BrokerURLError,
+    ConfigurationError,
+)
+from taskkit.job import (
+    DEFAULT_QUEUE,
+    Delivery,
+    Job,
+    JobInfo,
+    JobState,
+    Lease,
+    QueueStats,
+    new_job_id,
+    peek_task,
+    validate_queue_name,
+)
+from taskkit.outcome import Complete, DeadLetter, Outcome, Retry
+
+__all__ = ["DEFAULT_PREFIX", "QueueKeys", "RedisBroker"]
+
+DEFAULT_PREFIX: Final = "taskkit"
+_OPTIONS: Final = ("prefix", "dead_max", "dead_ttl", "processing_grace")
+_DEFAULT_DEAD_MAX: Final = 10_000
+_DEFAULT_DEAD_TTL: Final = 7 * 24 * 3600.0
+_DEFAULT_GRACE: Final = 60.0
+_MIN_BLOCK: Final = 0.01  # BLMOVE's timeout 0 means "forever": never send it
+_INBOX_MAX: Final = 256  # inbox elements a claim drains, beyond its limit
+_PROMOTE_MAX: Final = 256  # due scheduled jobs a claim promotes, beyond its limit
+_BATCH: Final = 500  # jobs per script call in enqueue/settle/...: bounds one script's run time
+_STATS_SCAN: Final = 1000  # inbox elements stats inspects for foreign payloads
+_RECENT_MAX: Final = 10_000  # ids remembered from enqueue for get_job
+_MIN_VERSION: Final = (6, 2)  # BLMOVE, RPOP with a count
+
+
+# -- Lua -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _Script:
+    name: str
+    text: str
+    sha: str
+
+
+def _load_scripts() -> dict[str, _Script]:
+    text = Path(__file__).with_name("redis_scripts.lua").read_text(encoding="utf-8")
+    prelude, *parts = re.split(r"^--!script (\w+)[ \t]*$", text, flags=re.MULTILINE)
+    scripts: dict[str, _Script] = {}
+    for name, body in zip(parts[::2], parts[1::2], strict=True):
+        full = f"{prelude}\n-- {name}\n{body}"
+        scripts[name] = _Script(name, full, hashlib.sha1(full.encode()).hexdigest())
+    return scripts
+
+
+_SCRIPTS: Final = _load_scripts()
+_ENQUEUE = _SCRIPTS["enqueue"]
+_PUSH_RAW = _SCRIPTS["push_raw"]
+_CLAIM = _SCRIPTS["claim"]
+_RECLAIM = _SCRIPTS["reclaim"]
+_RECOVER = _SCRIPTS["recover"]
+_EXTEND = _SCRIPTS["extend"]
+_SETTLE = _SCRIPTS["settle"]
+_RELEASE = _SCRIPTS["release"]
+_GET = _SCRIPTS["get"]
+_LIST_DEAD = _SCRIPTS["list_dead"]
+_REQUEUE = _SCRIPTS["requeue"]
+_PURGE = _SCRIPTS["purge"]
+_STATS = _SCRIPTS["stats"]
+_CANCEL = _SCRIPTS["cancel"]
+_PROGRESS = _SCRIPTS["progress"]
+
+_WAKE: Final = "0" * 32
+
+Arg = str | bytes | int | float
+Call = tuple[_Script, Sequence[str], Sequence[Arg]]
+
+
+# -- keys ------------------------------------------------------------------------------------
+
+
+class QueueKeys:
+    """The keys of one queue. Every one carries the hash tag ``{queue}``."""
+
+    __slots__ = (
+        "attempts",
+        "base",
+        "dead",
+        "dedupe",
+        "fixed",
+        "leases",
+        "meta",
+        "paused",
+        "payloads",
+        "progress",
+        "queue",
+        "queued",
+        "rawids",
+        "ready",
+        "scheduled",
+        "seq",
+        "started",
+        "tokens",
+        "workers",
+    )
+
+    def __init__(self, prefix: str, queue: str) -> None:
+        self.queue = queue
+        self.base = f"{prefix}:{{{queue}}}"
+        b = self.base
+        self.paused, self.ready, self.workers = f"{b}:paused", f"{b}:ready", f"{b}:workers"
+        self.queued, self.scheduled, self.leases = f"{b}:queued", f"{b}:scheduled", f"{b}:leases"
+        self.tokens, self.attempts = f"{b}:tokens", f"{b}:attempts"
+        self.payloads, self.meta, self.dead = f"{b}:payloads", f"{b}:meta", f"{b}:dead"
+        self.dedupe, self.seq, self.rawids = f"{b}:dedupe", f"{b}:seq", f"{b}:rawids"
+        self.started, self.progress = f"{b}:started", f"{b}:progress"
+        # The order redis_scripts.lua expects as KEYS[1..16].
+        self.fixed: tuple[str, ...] = (
+            self.paused,
+            self.ready,
+            self.workers,
+            self.queued,
+            self.scheduled,
+            self.leases,
+            self.tokens,
+            self.attempts,
+            self.payloads,
+            self.meta,
+            self.dead,
+            self.dedupe,
+            self.seq,
+            self.rawids,
+            self.started,
+            self.progress,
+        )
+
+    def processing(self, broker_id: str) -> str:
+        """The list BLMOVE moves into for one broker instance."""
+        return f"{self.base}:processing:{broker_id}"
+
+    def done(self, job_id: str) -> str:
+        """A completed job kept for its result."""
+        return f"{self.base}:done:{job_id}"
+
+
+# -- errors ----------------------------------------------------------------------------------
+
+
+class _Translate:
+    """Turns redis-py exceptions into taskkit's, naming the (redacted) URL."""
+
+    __slots__ = ("_url",)
+
+    def __init__(self, url: str) -> None:
+        self._url = url
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if isinstance(exc, rex.ConnectionError | rex.TimeoutError):
+            raise BrokerUnavailable(f"Redis at {self._url} is unavailable: {_line(exc)}") from exc
+        if isinstance(exc, rex.RedisError):
+            raise BrokerError(f"Redis at {self._url} failed: {_line(exc)}") from exc
+
+
+def _line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__
+
+
+# -- helpers ---------------------------------------------------------------------------------
+
+
+async def _cmd(client: aioredis.Redis, *args: Arg) -> Any:
+    """One command. (redis-py leaves ``Redis.execute_command`` untyped.)"""
+    return await client.execute_command(*args)  # type: ignore[no-untyped-call]
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else value
+
+
+def _payload(value: bytes) -> str | bytes:
+    """Payloads are shown as text; bytes that are not UTF-8 stay bytes."""
+    try:
+        return value.decode("utf-8")
+    except UnicodeDecodeError:
+        return value
+
+
+def _num(value: str | None) -> float | None:
+    return None if value is None else float(value)
+
+
+def _token() -> str:
+    return os.urandom(12).hex()
+
+
+def _chunks(items: Sequence[Any], size: int) -> Iterable[Sequence[Any]]:
+    for start in range(0, len(items), size):
+        yield items[start : start + size]
+
+
+def _group(items: Iterable[tuple[int, str, Any]]) -> dict[str, list[tuple[int, Any]]]:
+    groups: dict[str, list[tuple[int, Any]]] = {}
+    for index, queue, item in items:
+        groups.setdefault(queue, []).append((index, item))
+    return groups
+
+
+def _option(value: Any, name: str, kind: type[int] | type[float], url: str) -> Any:
+    try:
+        number = kind(value)
+    except (TypeError, ValueError):
+        raise BrokerURLError(
+            f"invalid {name}={value!r} for Redis broker {redact_url(url)}: expected a number"
+        ) from None
+    if number < 0 or (isinstance(number, float) and not math.isfinite(number)):
+        raise BrokerURLError(f"invalid {name}={value!r} for Redis broker {redact_url(url)}")
+    return number
+
+
+def _outcome_args(outcome: Outcome) -> tuple[str, ...]:
+    """An outcome as the settle script's op and arguments (see redis_scripts.lua)."""
+    if isinstance(outcome, Complete):
+        if outcome.keep_until is None:
+            return ("C",)
+        if outcome.result is None:
+            return ("K", repr(outcome.keep_until))
+        return ("Kr", repr(outcome.keep_until), outcome.result)
+    if isinstance(outcome, Retry):
+        op = ("Re" if outcome.error is not None else "R") + ("c" if outcome.charge_attempt else "")
+        if outcome.error is None:
+            return (op, repr(outcome.run_at))
+        return (op, repr(outcome.run_at), outcome.error)
+    if isinstance(outcome, DeadLetter):
+        return ("D", outcome.error)
+    raise TypeError(f"not an outcome: {outcome!r}")
+
+
+# -- the broker ------------------------------------------------------------------------------
+
+
+class RedisBroker(Broker):
+    """Jobs in Redis; see the module docstring for the layout and the claim protocol.
+
+    ``connection_factory`` builds the client at ``connect()`` instead of ``from_url`` (the
+    broker owns and closes it), e.g. ``lambda: fakeredis.FakeAsyncRedis(server=server)``.
+    """
+
+    def __init__(
+        self,
+        url: str = "redis://127.0.0.1:6379/0",
+        *,
+        connection_factory: Callable[[], aioredis.Redis] | None = None,
+        prefix: str | None = None,
+        dead_max: int | None = None,
+        dead_ttl: float | None = None,
+        processing_grace: float | None = None,
+        **redis_options: Any,
+    ) -> None:
+        super().__init__(url)
+        try:
+            parts = urlsplit(url)
+        except ValueError as exc:
+            raise BrokerURLError(f"cannot parse Redis URL {redact_url(url)}: {exc}") from None
+        if parts.scheme not in ("redis", "rediss"):
+            raise BrokerURLError(
+                f"not a Redis URL: {redact_url(url)!r} (use redis://host:port/db or rediss://)"
+            )
+        query = parse_qsl(parts.query, keep_blank_values=True)
+        ours = {k: v for k, v in query if k in _OPTIONS}
+        rest = [(k, v) for k, v in query if k not in _OPTIONS]
+        self._redis_url = urlunsplit(parts._replace(query=urlencode(rest)))
+        if connection_factory is None:
+            try:
+                parse_url(self._redis_url)
+            except ValueError as exc:
+                raise BrokerURLError(f"invalid Redis URL {redact_url(url)}: {exc}") from None
+        self.prefix = self._check_prefix(prefix if prefix is not None else ours.get("prefix"))
+        self.dead_max: int = _option(
+            dead_max if dead_max is not None else ours.get("dead_max", _DEFAULT_DEAD_MAX),
+            "dead_max",
+            int,
+            url,
+        )
+        self.dead_ttl: float = _option(
+            dead_ttl if dead_ttl is not None else ours.get("dead_ttl", _DEFAULT_DEAD_TTL),
+            "dead_ttl",
+            float,
+            url,
+        )
+        grace = processing_grace if processing_grace is not None else ours.get("processing_grace")
+        self.processing_grace: float = _option(
+            grace if grace is not None else _DEFAULT_GRACE, "processing_grace", float, url
+        )
+        if self.processing_grace <= 0:
+            raise BrokerURLError(f"processing_grace must be positive ({redact_url(url)})")
+        self.broker_id = os.urandom(8).hex()
+        """This instance's id in ``P:{Q}:workers`` and its processing lists."""
+        self._factory = connection_factory
+        self._redis_options = {**redis_options, "decode_responses": False}
+        self._client: aioredis.Redis | None = None
+        self._errors = _Translate(redact_url(url))
+        self._registry = f"{self.prefix}:queues"
+        self._keys: dict[str, QueueKeys] = {}
+        self._registered: set[str] = set()
+        self._claimed_on: set[str] = set()
+        self._recent: dict[str, str] = {}
+        self._last_now = 0.0  # the caller's clock at the last claim, for close()
+        self._block_max = math.inf
+
+    def _check_prefix(self, prefix: str | None) -> str:
+        if prefix is None:
+            return DEFAULT_PREFIX
+        try:
+            return validate_queue_name(prefix)
+        except ConfigurationError:
+            raise BrokerURLError(
+                f"invalid Redis key prefix {prefix!r} in {redact_url(self.url)}: use 1-128 "
+                "characters from A-Z a-z 0-9 _ . : - starting with a letter or digit"
+            ) from None
+
+    def keys(self, queue: str) -> QueueKeys:
+        """The Redis keys of ``queue`` (validated), e.g. ``keys("default").ready`` for LPUSH."""
+        found = self._keys.get(queue)
+        if found is None:
+            found = self._keys[queue] = QueueKeys(self.prefix, validate_queue_name(queue))
+        return found
+
+    @property
+    def client(self) -> aioredis.Redis:
+        """The connected redis.asyncio client."""
+        if self._client is None:
+            raise BrokerError(
+                f"Redis broker {redact_url(self.url)} is not connected: "
+                "call connect() or use `async with broker:`"
+            )
+        return self._client
+
+    # -- lifecycle -----------------------------------------------------------------------------
+
+    async def connect(self) -> None:
+        """Connect, PING, check the server version and load the Lua scripts."""
+        if self._client is not None:
+            return
+        if self._factory is not None:
+            client = self._factory()
+        else:
+            client = aioredis.from_url(self._redis_url, **self._redis_options)
+        try:
+            await _cmd(client, "PING")
+        except TypeError as exc:  # an option redis-py does not know, from the URL or a keyword
+            await client.aclose()
+            raise BrokerURLError(f"bad option for Redis at {redact_url(self.url)}: {exc}") from None
+        except (rex.RedisError, OSError) as exc:
+            await client.aclose()
+            raise BrokerUnavailable(
+                f"cannot reach Redis at {redact_url(self.url)}: {_line(exc)}"
+            ) from exc
+        try:
+            await self._check_version(client)
+            pipe = client.pipeline(transaction=False)
+            for script in _SCRIPTS.values():
+                pipe.execute_command("SCRIPT", "LOAD", script.text)
+            with self._errors:
+                await pipe.execute()
+        except BaseException:
+            await client.aclose()
+            raise
+        self._client = client
+        # A BLMOVE must return before the socket read times out.
+        socket_timeout = client.connection_pool.connection_kwargs.get("socket_timeout")
+        self._block_max = math.inf
+        if isinstance(socket_timeout, int | float) and socket_timeout > 0:
+            self._block_max = max(socket_timeout * 0.5, socket_timeout - 1.0, _MIN_BLOCK)
+
+    async def _check_version(self, client: aioredis.Redis) -> None:
+        try:
+            info = await _cmd(client, "INFO", "server")
+        except rex.ResponseError:
+            return  # a server without INFO (fakeredis): trust it
+        except rex.RedisError as exc:
+            with self._errors:
+                raise exc
+        version = str(info.get("redis_version", "")) if isinstance(info, dict) else ""
+        numbers = tuple(int(p) for p in re.findall(r"\d+", version)[:2])
+        if numbers and numbers < _MIN_VERSION:
+            raise BrokerError(
+                f"Redis at {redact_url(self.url)} runs {version}; taskkit needs 6.2 or newer "
+                "(BLMOVE, RPOP with a count)"
+            )
+
+    async def close(self) -> None:
+        """Hand back anything this instance's BLMOVE moved but did not claim, then disconnect."""
+        client, self._client = self._client, None
+        if client is None:
+            return
+        try:
+            calls: list[Call] = [
+                (
+                    _RECOVER,
+                    (*k.fixed, k.processing(self.broker_id)),
+                    (repr(self._last_now), self.broker_id, "0", _token() + _token(), "1"),
+                )
+                for k in map(self.keys, sorted(self._claimed_on))
+            ]
+            if calls:
+                await self._run(client, calls)
+        except (rex.RedisError, OSError, BrokerError):
+            pass  # the grace-period recovery of other workers covers it
+        finally:
+            self._claimed_on.clear()
+            await client.aclose()
+
+    # -- script calls ----------------------------------------------------------------------------
+
+    async def _eval(self, script: _Script, keys: Sequence[str], args: Sequence[Arg]) -> Any:
+        client = self.client
+        with self._errors:
+            try:
+                return await _cmd(client, "EVALSHA", script.sha, len(keys), *keys, *args)
+            except rex.NoScriptError:
+                await _cmd(client, "SCRIPT", "LOAD", script.text)
+                return await _cmd(client, "EVALSHA", script.sha, len(keys), *keys, *args)
+
+    async def _eval_many(self, calls: Sequence[Call]) -> list[Any]:
+        """Run script calls pipelined in one round trip; results in order."""
+        if len(calls) == 1:
+            script, keys, args = calls[0]
+            return [await self._eval(script, keys, args)]
+        return await self._run(self.client, calls)
+
+    async def _run(self, client: aioredis.Redis, calls: Sequence[Call]) -> list[Any]:
+        with self._errors:
+            results = await self._pipeline(client, calls)
+            missing = [i for i, r in enumerate(results) if isinstance(r, rex.NoScriptError)]
+            if missing:  # the server lost its scripts (restart, SCRIPT FLUSH): load and redo
+                again = await self._pipeline(
+                    client, [calls[i] for i in missing], load={calls[i][0] for i in missing}
+                )
+                for i, result in zip(missing, again, strict=True):
+                    results[i] = result
+            for result in results:
+                if isinstance(result, Exception):
+                    raise result
+            return results
+
+    @staticmethod
+    async def _pipeline(
+        client: aioredis.Redis, calls: Sequence[Call], load: set[_Script] | None = None
+    ) -> list[Any]:
+        pipe = client.pipeline(transaction=False)
+        for script in load or ():
+            pipe.execute_command("SCRIPT", "LOAD", script.text)
+        for script, keys, args in calls:
+            pipe.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)
+        results = await pipe.execute(raise_on_error=False)
+        return list(results[len(load or ()) :])
+
+    async def _register(self, queues: Iterable[str]) -> None:
+        new = [q for q in queues if q not in self._registered]
+        if new:
+            with self._errors:
+                await _cmd(self.client, "SADD", self._registry, *new)
+            self._registered.update(new)
+
+    async def _all_queues(self) -> list[QueueKeys]:
+        with self._errors:
+            names = await _cmd(self.client, "SMEMBERS", self._registry)
+        out = []
+        for raw in sorted(_text(n) for n in names):
+            try:
+                out.append(self.keys(raw))
+            except ConfigurationError:
+                continue  # not written by taskkit; ignore
+        return out
+
+    def _remember(self, job_id: str, queue: str) -> None:
+        self._recent[job_id] = queue
+        if len(self._recent) > _RECENT_MAX:
+            del self._recent[next(iter(self._recent))]
+
+    @staticmethod
+    def _deliveries(queue: str, blob: bytes, lease_until: float) -> list[Delivery]:
+        """Parse lease_out's frames: ``<#id> <#payload> <attempts> <token>\\n<id><payload>``."""
+        out = []
+        pos, end = 0, len(blob)
+        while pos < end:
+            eol = blob.index(b"\n", pos)
+            id_len, payload_len, attempts, token = blob[pos:eol].split(b" ")
+            start = eol + 1 + int(id_len)
+            pos = start + int(payload_len)
+            lease = Lease(blob[eol + 1 : start].decode(), token.decode(), queue)
+            out.append(Delivery(lease, blob[start:pos], int(attempts), lease_until))
+        return out
+
+    # -- producing -----------------------------------------------------------------------------
+
+    async def enqueue(self, jobs: Sequence[Job], now: float) -> list[str]:
+        """Store jobs (one atomic script per queue and batch); see ``Broker.enqueue``."""
+        if not jobs:
+            return []
+        groups = _group((i, job.queue, job) for i, job in enumerate(jobs))
+        await self._register(groups)
+        calls: list[Call] = []
+        slots: list[list[int]] = []
+        for queue, members in groups.items():
+            k = self.keys(queue)
+            for chunk in _chunks(members, _BATCH):
+                keys = [*k.fixed, *(k.done(job.id) for _, job in chunk)]
+                args: list[Arg] = [repr(now)]
+                for _, job in chunk:
+                    args += (
+                        job.id,
+                        job.to_wire(),
+                        str(job.priority),
+                        "" if job.run_at is None else repr(job.run_at),
+                        job.dedupe_key or "",
+                        "" if job.max_attempts is None else str(job.max_attempts),
+                    )
+                calls.append((_ENQUEUE, keys, args))
+                slots.append([i for i, _ in chunk])
+        ids: list[str] = [""] * len(jobs)
+        for positions, result in zip(slots, await self._eval_many(calls), strict=True):
+            for i, raw in zip(positions, result, strict=True):
+                ids[i] = raw.decode()
+                self._remember(ids[i], jobs[i].queue)
+        return ids
+
+    async def enqueue_raw(self, queue: str, payload: bytes | str, now: float) -> str:
+        """LPUSH ``payload`` onto the queue's ready list, exactly as ``redis-cli LPUSH`` would,
+        and promise the returned id to the claim that adopts it."""
+        keys = self.keys(queue or DEFAULT_QUEUE)
+        await self._register([keys.queue])
+        job_id = new_job_id()
+        await self._eval(_PUSH_RAW, keys.fixed, (repr(now), payload, job_id))
+        self._remember(job_id, keys.queue)
+        return job_id
+
+    # -- consuming -----------------------------------------------------------------------------
+
+    async def reserve(
+        self, queues: Sequence[str], limit: int, lease_for: float, wait: float, now: float
+    ) -> list[Delivery]:
+        """Claim up to ``limit`` jobs; when none is due, block in BLMOVE up to ``wait`` seconds."""
+        keys = [self.keys(q) for q in queues]
+        if limit <= 0 or not keys:
+            return []
+        await self._register(k.queue for k in keys)
+        started = time.monotonic()
+        at = now
+        while True:
+            got, next_due = await self._claim(keys, limit, lease_for, at)
+            if got:
+                return got
+            elapsed = time.monotonic() - started
+            left = wait - elapsed
+            if left <= 0:
+                return []
+            timeout = min(left, self.processing_grace / 2, self._block_max)
+            if next_due is not None:
+                timeout = min(timeout, next_due - at)
+            await self._block(keys, max(timeout, _MIN_BLOCK))
+            at = now + (time.monotonic() - started)
+
+    async def _claim(
+        self, keys: Sequence[QueueKeys], limit: int, lease_for: float, now: float
+    ) -> tuple[list[Delivery], float | None]:
+        out: list[Delivery] = []
+        next_due: float | None = None
+        lease_until = now + lease_for
+        self._last_now = now
+        for k in keys:
+            self._claimed_on.add(k.queue)
+            while (want := min(limit - len(out), _BATCH)) > 0:
+                res = await self._eval(
+                    _CLAIM,
+                    (*k.fixed, k.processing(self.broker_id)),
+                    (
+                        repr(now),
+                        want,
+                        repr(lease_until),
+                        _token(),
+                        _token() + _token(),
+                        self.broker_id,
+                        _INBOX_MAX + want,
+                        _PROMOTE_MAX + want,
+                    ),
+                )
+                if not res[0] and res[1]:
+                    due = float(res[1])
+                    next_due = due if next_due is None else min(next_due, due)
+                got = self._deliveries(k.queue, res[2], lease_until)
+                out += got
+                if len(got) < want:
+                    break
+            if len(out) >= limit:
+                break
+        return out, next_due
+
+    async def _block(self, keys: Sequence[QueueKeys], timeout: float) -> None:
+        """Wait in BLMOVE on every queue's ready list until one moves an element or time is up."""
+        if len(keys) == 1:
+            with self._errors:
+                await self._blmove(keys[0], timeout)
+            return
+        failures: list[rex.RedisError] = []
+        async with anyio.create_task_group() as tg:
+
+            async def wait_on(k: QueueKeys) -> None:
+                try:
+                    moved = await self._blmove(k, timeout)
+                except rex.RedisError as exc:
+                    failures.append(exc)
+                    moved = True
+                if moved is not None:
+                    # A cancelled BLMOVE may still have moved an element: the next claim
+                    # adopts whatever sits in this instance's processing lists.
+                    tg.cancel_scope.cancel()
+
+            for k in keys:
+                tg.start_soon(wait_on, k)
+        if failures:
+            with self._errors:
+                raise failures[0]
+
+    async def _blmove(self, k: QueueKeys, timeout: float) -> Any:
+        processing = k.processing(self.broker_id)
+        return await _cmd(self.client, "BLMOVE", k.ready, processing, "RIGHT", "LEFT", timeout)
+
+    async def extend(self, leases: Sequence[Lease], lease_for: float, now: float) -> list[Lease]:
+        """Push each owned lease to ``now + lease_for``; returns the lost ones."""
+        if not leases:
+            return []
+        until = repr(now + lease_for)
+        groups = _group((i, lease.queue, lease) for i, lease in enumerate(leases))
+        calls: list[Call] = []
+        slots: list[list[int]] = []
+        for queue, members in groups.items():
+            keys = self.keys(queue).fixed
+            for chunk in _chunks(members, _BATCH):
+                args: list[Arg] = [until]
+                for _, lease in chunk:
+                    args += (lease.job_id, lease.token)
+                calls.append((_EXTEND, keys, args))
+                slots.append([i for i, _ in chunk])
+        lost: list[int] = []
+        for positions, result in zip(slots, await self._eval_many(calls), strict=True):
+            lost += (positions[int(p) - 1] for p in result)
+        return [leases[i] for i in sorted(lost)]
+
+    async def settle(self, items: Sequence[tuple[Lease, Outcome]], now: float) -> list[bool]:
+        """Apply outcomes; one script call per queue, all pipelined in one round trip."""
+        if not items:
+            return []
+        groups = _group((i, item[0].queue, item) for i, item in enumerate(items))
+        head: list[Arg] = [repr(now), self.dead_max, repr(self.dead_ttl)]
+        calls: list[Call] = []
+        slots: list[list[int]] = []
+        for queue, members in groups.items():
+            k = self.keys(queue)
+            for chunk in _chunks(members, _BATCH):
+                keys = list(k.fixed)
+                args = list(head)
+                for _, (lease, outcome) in chunk:
+                    if isinstance(outcome, Complete) and outcome.keep_until is not None:
+                        keys.append(k.done(lease.job_id))
+                    args += (lease.job_id, lease.token, *_outcome_args(outcome))
+                calls.append((_SETTLE, keys, args))
+                slots.append([i for i, _ in chunk])
+        applied = [False] * len(items)
+        for positions, result in zip(slots, await self._eval_many(calls), strict=True):
+            for i, ok in zip(positions, result, strict=True):
+                applied[i] = ok == 49  # b"1"[0]
+        return applied
+
+    async def release(self, leases: Sequence[Lease], now: float) -> None:
+        """Hand owned jobs back, runnable now, their attempt given back."""
+        if not leases:
+            return
+        calls: list[Call] = []
+        groups = _group((i, lease.queue, lease) for i, lease in enumerate(leases))
+        for queue, members in groups.items():
+            keys = self.keys(queue).fixed
+            for chunk in _chunks(members, _BATCH):
+                args: list[Arg] = [repr(now)]
+                for _, lease in chunk:
+                    args += (lease.job_id, lease.token)
+                calls.append((_RELEASE, keys, args))
+        await self._eval_many(calls)
+
+    async def reclaim_expired(
+        self, queues: Sequence[str], lease_for: float, limit: int, now: float
+    ) -> list[Delivery]:
+        """Re-lease expired jobs of any worker (attempts unchanged), and adopt what dead broker
+        instances left in their processing lists (see the module docstring)."""
+        out: list[Delivery] = []
+        lease_until = now + lease_for
+        threshold = repr(now - self.processing_grace)
+        for k in map(self.keys, queues):
+            while True:
+                want = min(max(limit - len(out), 0), _BATCH)
+                res = await self._eval(
+                    _RECLAIM,
+                    k.fixed,
+                    (repr(now), repr(lease_until), want, _token(), threshold, self.broker_id),
+                )
+                stale = [w.decode() for w in res[1 : 1 + int(res[0])]]
+                got = []
+                if len(res) > 1 + len(stale):
+                    got = self._deliveries(k.queue, res[-1], lease_until)
+                    out += got
+                if stale:
+                    await self._recover(k, stale, now, threshold)
+                if len(got) < want or want == 0:
+                    break
+        return out
+
+    async def _recover(
+        self, k: QueueKeys, broker_ids: Sequence[str], now: float, threshold: str
+    ) -> None:
+        """Adopt what stale broker instances left in their processing lists."""
+        await self._eval_many(
+            [
+                (
+                    _RECOVER,
+                    (*k.fixed, k.processing(w)),
+                    (repr(now), w, threshold, _token() + _token(), "0"),
+                )
+                for w in broker_ids
+            ]
+        )
+
+    # -- admin ---------------------------------------------------------------------------------
+
+    async def get_job(self, job_id: str, now: float) -> JobInfo | None:
+        """The job, looked up in its queue (remembered from enqueue) or in every known queue."""
+        known = self._recent.get(job_id)
+        candidates = [self.keys(known)] if known else await self._all_queues()
+        if not candidates:
+            return None
+        results = await self._eval_many(
+            [(_GET, (*k.fixed, k.done(job_id)), (job_id,)) for k in candidates]
+        )
+        for k, res in zip(candidates, results, strict=True):
+            if res[0] == 1:
+                state = JobState.RUNNING if res[4] else None
+                return self._info(job_id, k.queue, res[1:4], res[5:7], now, state)
+            if res[0] == 2:
+                if float(res[4]) <= now:
+                    return None  # its time is up (the key's TTL follows shortly)
+                info = self._info(job_id, k.queue, res[1:4], res[6:8], now)
+                info.result = None if res[5] is None else res[5].decode()
+                return info
+        return None
+
+    @staticmethod
+    def _info(
+        job_id: str,
+        queue: str,
+        stored: Sequence[Any],
+        extra: Sequence[Any],
+        now: float,
+        state: JobState | None = None,
+    ) -> JobInfo:
+        """A JobInfo from (meta JSON, payload, attempts) and (started_at, progress)."""
+        meta_raw, payload, attempts = stored
+        started, progress = extra
+        m: dict[str, str] = json.loads(meta_raw)
+        run_at = float(m["ra"])
+        if state is None:
+            st = m.get("st", "pending")
+            if st in ("dead", "done", "cancelled"):
+                state = JobState(st)
+            else:
+                state = JobState.SCHEDULED if run_at > now else JobState.PENDING
+        body = _payload(payload or b"")
+        return JobInfo(
+            id=job_id,
+            queue=queue,
+            state=state,
+            task=peek_task(body),
+            attempts=int(attempts),
+            payload=body,
+            max_attempts=int(m["ma"]) if "ma" in m else None,
+            priority=int(m.get("pr", "0")),
+            run_at=run_at,
+            enqueued_at=_num(m.get("ea")),
+            finished_at=_num(m.get("fa")),
+            last_error=m.get("le"),
+            dedupe_key=m.get("dk"),
+            started_at=float(started) if started else None,
+            progress=progress.decode() if progress else None,
+        )
+
+    async def stats(self, now: float) -> dict[str, QueueStats]:
+        """Counts per registered queue (one pipelined round trip after reading the registry)."""
+        queues = await self._all_queues()
+        if not queues:
+            return {}
+        calls: list[Call] = [(_STATS, k.fixed, (repr(now), _STATS_SCAN)) for k in queues]
+        return {
+            k.queue: QueueStats(
+                ready=r[0], scheduled=r[1], running=r[2], dead=r[3], paused=bool(r[4])
+            )
+            for k, r in zip(queues, await self._eval_many(calls), strict=True)
+        }
+
+    async def _targets(self, queue: str | None) -> list[QueueKeys]:
+        return [self.keys(queue)] if queue is not None else await self._all_queues()
+
+    async def list_dead(self, queue: str | None, limit: int) -> list[JobInfo]:
+        """Dead jobs, newest first."""
+        targets = await self._targets(queue)
+        if limit <= 0 or not targets:
+            return []
+        results = await self._eval_many([(_LIST_DEAD, k.fixed, (limit,)) for k in targets])
+        found: list[tuple[float, JobInfo]] = []
+        for k, res in zip(targets, results, strict=True):
+            for i in range(0, len(res), 7):
+                info = self._info(
+                    res[i].decode(), k.queue, res[i + 2 : i + 5], res[i + 5 : i + 7], 0.0
+                )
+                found.append((float(res[i + 1]), info))
+        found.sort(key=lambda pair: -pair[0])
+        return [info for _, info in found[:limit]]
+
+    async def _dead_ids(self, k: QueueKeys, ids: Sequence[str] | None) -> list[str]:
+        if ids is not None:
+            return list(ids)
+        with self._errors:
+            raw = await _cmd(self.client, "ZRANGE", k.dead, 0, -1)
+        return [r.decode() for r in raw]
+
+    async def requeue_dead(
+        self, ids: Sequence[str] | None, queue: str | None, now: float
+    ) -> list[str]:
+        """Dead jobs back to pending, runnable now, attempts 0; returns the ids requeued."""
+        out: list[str] = []
+        for k in await self._targets(queue):
+            for chunk in _chunks(await self._dead_ids(k, ids), _BATCH):
+                if chunk:
+                    res = await self._eval(_REQUEUE, k.fixed, (repr(now), *chunk))
+                    out += (r.decode() for r in res)
+        return out
+
+    async def purge_dead(self, ids: Sequence[str] | None, queue: str | None) -> int:
+        """Delete dead jobs; returns how many."""
+        count = 0
+        for k in await self._targets(queue):
+            for chunk in _chunks(await self._dead_ids(k, ids), _BATCH):
+                if chunk:
+                    count += int(await self._eval(_PURGE, k.fixed, tuple(chunk)))
+        return count
+
+    async def set_paused(self, queue: str, paused: bool) -> None:
+        """Set or clear the queue's paused flag; resuming wakes waiting workers."""
+        k = self.keys(queue)
+        await self._register([k.queue])
+        with self._errors:
+            pipe = self.client.pipeline(transaction=True)
+            if paused:
+                pipe.execute_command("SET", k.paused, "1")
+            else:
+                pipe.execute_command("DEL", k.paused)
+                pipe.execute_command("LPUSH", k.ready, _WAKE)
+            await pipe.execute()
+
+    async def cancel(self, job_id: str, keep_until: float, now: float) -> JobState | None:
+        """Cancel a pending or scheduled job (kept, cancelled, until ``keep_until``); a running,
+        done or dead job is left alone. Returns the state after the call, None if unknown."""
+        known = self._recent.get(job_id)
+        candidates = [self.keys(known)] if known else await self._all_queues()
+        if not candidates:
+            return None
+        args = (job_id, repr(keep_until), repr(now))
+        results = await self._eval_many(
+            [(_CANCEL, (*k.fixed, k.done(job_id)), args) for k in candidates]
+        )
+        for state in results:
+            if state is not None:
+                return JobState(state.decode())
+        return None
+
+    async def set_progress(self, lease: Lease, progress: str, now: float) -> bool:
+        """Store ``progress`` on the running job while ``lease`` owns it; False when lost."""
+        k = self.keys(lease.queue)
+        return bool(await self._eval(_PROGRESS, k.fixed, (lease.job_id, lease.token, progress)))

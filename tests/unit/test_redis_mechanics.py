@@ -1,0 +1,259 @@
+"""Mechanics of the Redis broker beyond the contract: script reloading, dead-letter retention,
+real TTLs, the BLMOVE wait (several queues, scheduled jobs, resume), batching corner cases.
+Each runs on the real server and on fakeredis."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import anyio
+import pytest
+
+from brokers.redis import RedisBroker
+from taskkit.job import Job, JobState, Lease
+from taskkit.outcome import Complete, DeadLetter, Outcome
+from taskkit.testing import FakeClock
+from tests import servers
+from tests.backends import BrokerSpace
+from tests.backends import redis as backend
+
+pytestmark = pytest.mark.anyio
+LEASE = 30.0
+
+
+@pytest.fixture(params=backend.NAMES)
+async def space(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[BrokerSpace]:
+    if request.param == "redis":
+        servers.ensure_redis()
+    prefix = backend.unique_prefix(request.node.name)
+    async with backend.space(prefix, tmp_path, request.param) as sp:
+        yield sp
+
+
+@pytest.fixture
+async def broker(space: BrokerSpace) -> AsyncIterator[RedisBroker]:
+    b = space.make()
+    assert isinstance(b, RedisBroker)
+    await b.connect()
+    yield b
+    await b.close()
+
+
+async def test_scripts_are_reloaded_after_the_server_forgets_them(
+    broker: RedisBroker, clock: FakeClock
+) -> None:
+    await backend.cmd(broker.client, "SCRIPT", "FLUSH")
+    await broker.enqueue([Job(task="t.a"), Job(task="t.b", queue="other")], clock.now())
+    got = await broker.reserve(["default", "other"], 5, LEASE, 0, clock.now())
+    await backend.cmd(broker.client, "SCRIPT", "FLUSH")
+    # Two queues: two script calls in one pipeline, both NOSCRIPT, both redone.
+    assert await broker.settle([(d.lease, Complete()) for d in got], clock.now()) == [True, True]
+
+
+async def test_dead_letters_are_trimmed_by_count_and_age(
+    space: BrokerSpace, clock: FakeClock
+) -> None:
+    b = space.make()
+    assert isinstance(b, RedisBroker)
+    b.dead_max, b.dead_ttl = 3, 100.0
+    await b.connect()
+    await b.enqueue([Job(task="t.x", args=[i]) for i in range(5)], clock.now())
+    for d in await b.reserve(["default"], 5, LEASE, 0, clock.now()):
+        clock.advance(1)
+        await b.settle([(d.lease, DeadLetter("x"))], clock.now())
+    dead = await b.list_dead("default", 10)
+    assert len(dead) == 3, "only the newest dead_max are kept"
+    k = b.keys("default")
+    assert await backend.cmd(b.client, "HLEN", k.payloads) == 3, "trimmed jobs leave nothing"
+    # Age: once one more job dies 100 s later, the old ones are past dead_ttl.
+    await b.enqueue([Job(task="t.y")], clock.now())
+    [d] = await b.reserve(["default"], 1, LEASE, 0, clock.now())
+    await b.settle([(d.lease, DeadLetter("late"))], clock.advance(150))
+    assert [i.last_error for i in await b.list_dead("default", 10)] == ["late"]
+    await b.close()
+
+
+async def test_a_kept_result_has_a_real_ttl(broker: RedisBroker, clock: FakeClock) -> None:
+    [jid] = await broker.enqueue([Job(task="t.x")], clock.now())
+    [d] = await broker.reserve(["default"], 1, LEASE, 0, clock.now())
+    await broker.settle([(d.lease, Complete("1", keep_until=clock.now() + 120))], clock.now())
+    pttl = await backend.cmd(broker.client, "PTTL", broker.keys("default").done(jid))
+    assert 110_000 < pttl <= 120_000
+    k = broker.keys("default")
+    for key in (k.payloads, k.meta, k.attempts, k.tokens):
+        assert await backend.cmd(broker.client, "HLEN", key) == 0
+
+
+async def test_a_wait_on_several_queues_wakes_for_any_of_them(
+    space: BrokerSpace, broker: RedisBroker, clock: FakeClock
+) -> None:
+    producer = space.make()
+    await producer.connect()
+
+    async def produce() -> None:
+        await anyio.sleep(0.3)
+        await producer.enqueue([Job(task="t.x", queue="c")], clock.now())
+
+    started = time.monotonic()
+    with anyio.fail_after(8):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(produce)
+            got = await broker.reserve(["a", "b", "c"], 5, LEASE, 6, clock.now())
+    assert [d.lease.queue for d in got] == ["c"] and time.monotonic() - started < 4
+    # The cancelled waits left the broker usable, and nothing stranded in processing lists.
+    await producer.enqueue([Job(task="t.y", queue="a")], clock.now())
+    assert len(await broker.reserve(["a", "b", "c"], 5, LEASE, 1, clock.now())) == 1
+    for q in "abc":
+        processing = broker.keys(q).processing(broker.broker_id)
+        assert await backend.cmd(broker.client, "LLEN", processing) == 0
+    await producer.close()
+
+
+async def test_the_wait_ends_when_a_scheduled_job_falls_due(broker: RedisBroker) -> None:
+    now = time.time()
+    [jid] = await broker.enqueue([Job(task="t.x", run_at=now + 0.4)], now)
+    started = time.monotonic()
+    got = await broker.reserve(["default"], 1, LEASE, 8, now)
+    assert [d.job_id for d in got] == [jid] and time.monotonic() - started < 4
+    assert got[0].lease_until >= now + 0.4 + LEASE - 0.01, "now moves on with the wait"
+
+
+async def test_resuming_a_queue_wakes_a_waiting_worker(
+    space: BrokerSpace, broker: RedisBroker, clock: FakeClock
+) -> None:
+    admin = space.make()
+    await admin.connect()
+    await admin.set_paused("default", True)
+    [jid] = await admin.enqueue([Job(task="t.x")], clock.now())
+
+    async def resume() -> None:
+        await anyio.sleep(0.4)
+        await admin.set_paused("default", False)
+
+    started = time.monotonic()
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(resume)
+        got = await broker.reserve(["default"], 1, LEASE, 8, clock.now())
+    assert [d.job_id for d in got] == [jid] and time.monotonic() - started < 4
+    await admin.close()
+
+
+async def test_a_raw_payload_that_looks_like_a_wake_hint_is_still_delivered(
+    broker: RedisBroker, clock: FakeClock
+) -> None:
+    jid = await broker.enqueue_raw("default", "0123456789abcdef0123456789abcdef", clock.now())
+    [d] = await broker.reserve(["default"], 5, LEASE, 0, clock.now())
+    assert d.job_id == jid and d.payload == b"0123456789abcdef0123456789abcdef"
+
+
+async def test_identical_raw_payloads_each_keep_their_promised_id(
+    broker: RedisBroker, clock: FakeClock
+) -> None:
+    ids = [await broker.enqueue_raw("default", '{"task": "t.same"}', clock.now()) for _ in range(3)]
+    got = await broker.reserve(["default"], 5, LEASE, 0, clock.now())
+    assert sorted(d.job_id for d in got) == sorted(ids)
+    assert await backend.cmd(broker.client, "HLEN", broker.keys("default").rawids) == 0
+
+
+async def test_reclaim_from_many_workers_at_once_hands_each_job_to_one(
+    space: BrokerSpace, clock: FakeClock
+) -> None:
+    brokers = []
+    for _ in range(5):
+        b = space.make()
+        await b.connect()
+        brokers.append(b)
+    ids = await brokers[0].enqueue([Job(task="t.x", args=[i]) for i in range(20)], clock.now())
+    await brokers[0].reserve(["default"], 20, 10, 0, clock.now())
+    clock.advance(11)
+    taken: list[str] = []
+
+    async def reclaim(b: RedisBroker) -> None:
+        taken.extend(d.job_id for d in await b.reclaim_expired(["default"], 10, 7, clock.now()))
+
+    async with anyio.create_task_group() as tg:
+        for b in brokers:
+            tg.start_soon(reclaim, b)  # type: ignore[arg-type]
+    assert sorted(taken) == sorted(ids)
+    for b in brokers:
+        await b.close()
+
+
+async def test_one_lease_twice_in_a_settle_batch_applies_once(
+    broker: RedisBroker, clock: FakeClock
+) -> None:
+    await broker.enqueue([Job(task="t.x")], clock.now())
+    [d] = await broker.reserve(["default"], 1, LEASE, 0, clock.now())
+    pairs: list[tuple[Lease, Outcome]] = [(d.lease, Complete()), (d.lease, DeadLetter("x"))]
+    assert await broker.settle(pairs, clock.now()) == [True, False]
+
+
+async def test_enqueue_with_an_id_that_is_already_pending_stores_nothing_new(
+    broker: RedisBroker, clock: FakeClock
+) -> None:
+    first = Job(task="t.x", id="order-17")
+    assert await broker.enqueue([first], clock.now()) == ["order-17"]
+    assert await broker.enqueue([Job(task="t.other", id="order-17")], clock.now()) == ["order-17"]
+    [d] = await broker.reserve(["default"], 5, LEASE, 0, clock.now())
+    assert d.job_id == "order-17" and Job.model_validate_json(d.payload).task == "t.x"
+    assert await broker.reserve(["default"], 5, LEASE, 0, clock.now()) == []
+
+
+async def test_wake_hints_do_not_pile_up(broker: RedisBroker, clock: FakeClock) -> None:
+    for _ in range(5):
+        await broker.enqueue([Job(task="t.x") for _ in range(100)], clock.now())
+    ready = broker.keys("default").ready
+    assert await backend.cmd(broker.client, "LLEN", ready) <= 5 * 64
+    while got := await broker.reserve(["default"], 50, LEASE, 0, clock.now()):
+        await broker.settle([(d.lease, Complete()) for d in got], clock.now())
+    assert await backend.cmd(broker.client, "LLEN", ready) == 0
+    st = (await broker.stats(clock.now()))["default"]
+    assert (st.ready, st.running) == (0, 0)
+
+
+async def test_stats_count_foreign_payloads_not_yet_adopted(
+    broker: RedisBroker, clock: FakeClock
+) -> None:
+    await backend.cmd(broker.client, "LPUSH", broker.keys("q").ready, '{"task": "t.x"}')
+    await backend.cmd(broker.client, "SADD", f"{broker.prefix}:queues", "q")
+    assert (await broker.stats(clock.now()))["q"].ready == 1
+
+
+async def test_get_job_finds_a_job_enqueued_by_another_instance(
+    space: BrokerSpace, broker: RedisBroker, clock: FakeClock
+) -> None:
+    other = space.make()
+    await other.connect()
+    [jid] = await other.enqueue([Job(task="t.x", queue="far", run_at=clock.now() + 9)], clock.now())
+    info = await broker.get_job(jid, clock.now())
+    assert info is not None and info.queue == "far" and info.state is JobState.SCHEDULED
+    assert await broker.get_job("no-such-id", clock.now()) is None
+    await other.close()
+
+
+async def test_claims_and_reclaims_bigger_than_one_script_batch(
+    broker: RedisBroker, clock: FakeClock
+) -> None:
+    ids = await broker.enqueue([Job(task="t.x", args=[i]) for i in range(1200)], clock.now())
+    got = await broker.reserve(["default"], 1100, 10, 0, clock.now())
+    assert len(got) == 1100 and len({d.job_id for d in got}) == 1100
+    back = await broker.reclaim_expired(["default"], 10, 1150, clock.advance(11))
+    assert len(back) == 1100 and {d.job_id for d in back} == {d.job_id for d in got}
+    rest = await broker.reserve(["default"], 1100, 10, 0, clock.now())
+    assert {d.job_id for d in [*got, *rest]} == set(ids)
+
+
+async def test_a_cancelled_job_leaves_only_its_kept_record(
+    broker: RedisBroker, clock: FakeClock
+) -> None:
+    [jid] = await broker.enqueue([Job(task="t.x", dedupe_key="k")], clock.now())
+    assert await broker.cancel(jid, clock.now() + 30, clock.now()) is JobState.CANCELLED
+    k = broker.keys("default")
+    for key in (k.payloads, k.meta, k.attempts, k.dedupe):
+        assert await backend.cmd(broker.client, "HLEN", key) == 0
+    assert await backend.cmd(broker.client, "ZCARD", k.queued) == 0
+    assert 20_000 < await backend.cmd(broker.client, "PTTL", k.done(jid)) <= 30_000
+    assert await broker.enqueue([Job(task="t.x", id=jid)], clock.now()) == [jid], "id is known"
+    assert await broker.cancel(jid, clock.now() + 30, clock.advance(31)) is None
