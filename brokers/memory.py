@@ -7,6 +7,7 @@ the reference implementation of the contract: short, with no storage concerns in
 
 from __future__ import annotations
 
+import heapq
 import time
 import uuid
 from collections.abc import Sequence
@@ -31,8 +32,6 @@ from taskkit.job import (
     validate_queue_name,
 )
 from taskkit.outcome import Complete, DeadLetter, Outcome, Retry
-
-_ACTIVE = (JobState.PENDING, JobState.RUNNING)
 
 
 @dataclass(slots=True)
@@ -63,6 +62,7 @@ class _Store:
     jobs: dict[str, _Record] = field(default_factory=dict)
     dedupe: dict[str, str] = field(default_factory=dict)
     paused: set[str] = field(default_factory=set)
+    pending: dict[str, list[tuple[int, float, int, str]]] = field(default_factory=dict)
     seq: int = 0
     changed: anyio.Event | None = None
 
@@ -162,6 +162,7 @@ class MemoryBroker(Broker):
             seq=self._store.seq,
         )
         self._store.jobs[job_id] = rec
+        self._push_pending(rec)
         if rec.dedupe_key is not None:
             self._store.dedupe[rec.dedupe_key] = job_id
 
@@ -188,19 +189,36 @@ class MemoryBroker(Broker):
         for queue in queues:
             if queue in self._store.paused or len(out) >= limit:
                 continue
-            due = sorted(
-                (
-                    r
-                    for r in self._store.jobs.values()
-                    if r.queue == queue and r.state is JobState.PENDING and r.run_at <= now
-                ),
-                key=lambda r: (-r.priority, r.run_at, r.seq),
-            )
-            for rec in due[: limit - len(out)]:
+            for rec in self._pop_due(queue, limit - len(out), now):
                 rec.attempts += 1
                 rec.started_at, rec.progress = now, None
                 out.append(self._lease(rec, lease_for, now))
         return out
+
+    def _push_pending(self, rec: _Record) -> None:
+        heapq.heappush(
+            self._store.pending.setdefault(rec.queue, []),
+            (-rec.priority, rec.run_at, rec.seq, rec.id),
+        )
+
+    def _pop_due(self, queue: str, limit: int, now: float) -> list[_Record]:
+        """Up to ``limit`` due pending jobs, best first. Heap entries go stale when a job
+        leaves pending or is rescheduled; those are dropped as they surface."""
+        heap = self._store.pending.get(queue, [])
+        due: list[_Record] = []
+        later: list[tuple[int, float, int, str]] = []
+        while heap and len(due) < limit:
+            entry = heapq.heappop(heap)
+            rec = self._store.jobs.get(entry[3])
+            if rec is None or rec.state is not JobState.PENDING or rec.run_at != entry[1]:
+                continue
+            if rec.run_at <= now:
+                due.append(rec)
+            else:
+                later.append(entry)
+        for entry in later:
+            heapq.heappush(heap, entry)
+        return due
 
     async def extend(self, leases: Sequence[Lease], lease_for: float, now: float) -> list[Lease]:
         lost: list[Lease] = []
@@ -231,6 +249,7 @@ class MemoryBroker(Broker):
                 rec.expires_at = outcome.keep_until
         elif isinstance(outcome, Retry):
             rec.state, rec.run_at, rec.last_error = JobState.PENDING, outcome.run_at, outcome.error
+            self._push_pending(rec)
             if not outcome.charge_attempt:
                 rec.attempts = max(0, rec.attempts - 1)
         elif isinstance(outcome, DeadLetter):
@@ -243,6 +262,7 @@ class MemoryBroker(Broker):
             rec = self._owned(lease)
             if rec is not None:
                 rec.state, rec.token, rec.run_at = JobState.PENDING, None, now
+                self._push_pending(rec)
                 rec.attempts = max(0, rec.attempts - 1)
         self._notify()
 
@@ -323,6 +343,7 @@ class MemoryBroker(Broker):
                     continue  # another job took the key meanwhile; leave this one dead
                 self._store.dedupe[rec.dedupe_key] = rec.id
             rec.state, rec.attempts, rec.run_at, rec.finished_at = JobState.PENDING, 0, now, None
+            self._push_pending(rec)
             out.append(rec.id)
         self._notify()
         return out

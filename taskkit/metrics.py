@@ -205,5 +205,5 @@ class HealthServer:
 def attach(worker: Worker, port: int, host: str = "0.0.0.0", **kw: Any) -> HealthServer:
     """Add metrics to a worker and return the server to run beside it."""
     metrics = MetricsMiddleware()
-    worker.hooks.middleware.append(metrics)
+    worker.hooks.add(metrics)
     return HealthServer(worker, metrics, port, host, **kw)

@@ -41,6 +41,10 @@ class JobEvent:
 class Middleware:
     """Override any of these; the defaults do nothing."""
 
+    def enabled(self, hook: str) -> bool:
+        """Whether this middleware wants ``hook`` at all; asked once per hook and worker."""
+        return True
+
     def before_enqueue(self, jobs: Sequence[Job]) -> None:
         """Jobs about to be stored (after argument validation)."""
 
@@ -79,29 +83,60 @@ class Middleware:
 
 
 class Hooks:
-    """Calls every registered middleware, isolating failures."""
+    """Calls every registered middleware, isolating failures. Only middleware that override a
+    hook (and say it is ``enabled``) are called, so an unused hook costs the hot path nothing."""
 
     def __init__(self, middleware: Sequence[Middleware] = ()) -> None:
         self.middleware = list(middleware)
+        self._active: dict[str, list[Any]] = {}
+
+    def add(self, middleware: Middleware) -> None:
+        self.middleware.append(middleware)
+        self._active.clear()
+
+    def _methods(self, hook: str) -> list[Any]:
+        methods = self._active.get(hook)
+        if methods is None:
+            methods = [
+                getattr(mw, hook)
+                for mw in self.middleware
+                if getattr(type(mw), hook) is not getattr(Middleware, hook) and mw.enabled(hook)
+            ]
+            self._active[hook] = methods
+        return methods
+
+    def wants(self, hook: str) -> bool:
+        """Whether calling ``hook`` would reach any middleware (skip building its event)."""
+        return bool(self._methods(hook))
 
     def call(self, hook: str, *args: Any) -> None:
-        for mw in self.middleware:
+        for method in self._methods(hook):
             try:
-                getattr(mw, hook)(*args)
+                method(*args)
             except Exception:
-                log.exception("middleware %s.%s failed; ignored", type(mw).__name__, hook)
+                log.exception("middleware %s failed; ignored", method.__qualname__)
 
 
 class LoggingMiddleware(Middleware):
     """One log line per job event, with the job's id, task, queue, attempt and duration as
     ``extra`` fields (the JSON log format prints them as keys)."""
 
+    LEVELS = {
+        "before_run": logging.DEBUG,
+        "on_done": logging.INFO,
+        "on_retry": logging.WARNING,
+        "on_dead": logging.ERROR,
+        "on_lease_lost": logging.WARNING,
+        "on_recovered": logging.WARNING,
+    }
+
     def __init__(self, logger: logging.Logger | None = None) -> None:
         self.log = logger or logging.getLogger("taskkit.jobs")
 
+    def enabled(self, hook: str) -> bool:
+        return self.log.isEnabledFor(self.LEVELS.get(hook, logging.CRITICAL))
+
     def _emit(self, level: int, what: str, event: JobEvent) -> None:
-        if not self.log.isEnabledFor(level):
-            return
         fields: dict[str, object] = {
             "event": what,
             "job_id": event.job_id,
@@ -132,7 +167,7 @@ class LoggingMiddleware(Middleware):
         )
 
     def before_run(self, event: JobEvent) -> None:
-        self._emit(logging.DEBUG, "claimed", event)
+        self._emit(logging.DEBUG, "claimed", event)  # levels here match LEVELS
 
     def on_done(self, event: JobEvent) -> None:
         self._emit(logging.INFO, "done", event)

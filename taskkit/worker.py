@@ -16,11 +16,11 @@ On ``stop()`` (SIGTERM/SIGINT under ``taskkit worker``) it stops claiming, gives
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import json
 import logging
-import math
 import os
 import secrets
 import signal
@@ -52,6 +52,7 @@ from taskkit.router import Router
 from taskkit.task import Task
 
 log = logging.getLogger("taskkit.worker")
+_NO_DEADLINE = contextlib.nullcontext()  # no timeout: no cancel scope on the hot path
 
 
 def default_worker_id() -> str:
@@ -250,11 +251,13 @@ class Worker:
 
     # -- run one job --------------------------------------------------------------------------
 
-    def _event(self, running: _Running, **fields: Any) -> JobEvent:
-        lease = running.lease
-        return JobEvent(
-            lease.job_id, running.task, lease.queue, running.attempts, self.id, **fields
-        )
+    def _emit(self, hook: str, running: _Running, **fields: Any) -> None:
+        if self.hooks.wants(hook):  # building the event only when someone listens
+            lease = running.lease
+            event = JobEvent(
+                lease.job_id, running.task, lease.queue, running.attempts, self.id, **fields
+            )
+            self.hooks.call(hook, event)
 
     async def _run_job(self, delivery: Delivery, running: _Running) -> None:
         started = time.perf_counter()
@@ -262,7 +265,7 @@ class Worker:
             with running.scope:
                 outcome = await self._execute(delivery, running)
             if running.lost:
-                self.hooks.call("on_lease_lost", self._event(running))
+                self._emit("on_lease_lost", running)
             elif running.scope.cancelled_caught:
                 self._to_release.append(delivery.lease)
             else:
@@ -274,18 +277,15 @@ class Worker:
             self._slot_freed.set()
 
     def _report(self, running: _Running, outcome: Outcome, duration: float) -> None:
-        self.hooks.call("after_run", self._event(running, duration=duration))
+        self._emit("after_run", running, duration=duration)
         if isinstance(outcome, Complete):
-            self.hooks.call("on_done", self._event(running, duration=duration))
+            self._emit("on_done", running, duration=duration)
         elif isinstance(outcome, Retry):
             error = (outcome.error or "").split("\n", 1)[0] or None
-            self.hooks.call(
-                "on_retry",
-                self._event(running, duration=duration, error=error, run_at=outcome.run_at),
-            )
+            self._emit("on_retry", running, duration=duration, error=error, run_at=outcome.run_at)
         else:
             error = outcome.error.split("\n", 1)[0]
-            self.hooks.call("on_dead", self._event(running, duration=duration, error=error))
+            self._emit("on_dead", running, duration=duration, error=error)
 
     async def _execute(self, delivery: Delivery, running: _Running) -> Outcome:
         """Decode, look up, validate, run: every failure on the way becomes an outcome."""
@@ -305,7 +305,7 @@ class Worker:
             args, kwargs = task.check_arguments(job.args, job.kwargs)
         except ArgumentsInvalid as exc:
             return DeadLetter(f"ArgumentsInvalid: {exc}")
-        self.hooks.call("before_run", self._event(running))
+        self._emit("before_run", running)
         context = JobContext(
             id=delivery.job_id,
             task=task.name,
@@ -329,7 +329,7 @@ class Worker:
     ) -> Outcome:
         timeout = job.timeout or task.settings.timeout
         try:
-            with anyio.move_on_after(timeout if timeout else math.inf) as deadline:
+            with anyio.move_on_after(timeout) if timeout else _NO_DEADLINE as deadline:
                 if task.is_async:
                     result = await task.invoke(args, kwargs)
                 else:
@@ -338,7 +338,7 @@ class Worker:
                         abandon_on_cancel=True,
                         limiter=self._threads,
                     )
-            if deadline.cancelled_caught:
+            if deadline is not None and deadline.cancelled_caught:
                 raise JobTimeout(
                     f"{task.name} ran past its timeout of {timeout}s and was cancelled"
                 )
