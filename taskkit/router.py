@@ -5,11 +5,11 @@ from __future__ import annotations
 from collections.abc import Callable, Coroutine, Iterator
 from typing import Any, ParamSpec, TypeVar, overload
 
+from typing_extensions import Unpack
+
 from taskkit.errors import DuplicateTaskName
-from taskkit.job import DEFAULT_QUEUE
 from taskkit.middleware import Middleware
-from taskkit.retry import DEFAULT_MAX_ATTEMPTS, Backoff
-from taskkit.task import Task, TaskDecorator, make_options
+from taskkit.task import Task, TaskArgs, TaskDecorator, decorate
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -39,34 +39,9 @@ class Router:
     @overload
     def task(self, fn: Callable[P, R], /) -> Task[P, R]: ...
     @overload
+    def task(self, /, **options: Unpack[TaskArgs]) -> TaskDecorator: ...
     def task(
-        self,
-        /,
-        *,
-        name: str | None = None,
-        queue: str = DEFAULT_QUEUE,
-        priority: int = 0,
-        max_attempts: int = DEFAULT_MAX_ATTEMPTS,
-        backoff: Backoff | None = None,
-        retry_on: tuple[type[BaseException], ...] = (Exception,),
-        dead_on: tuple[type[BaseException], ...] = (),
-        timeout: float | None = None,
-        keep_result: float | None = None,
-    ) -> TaskDecorator: ...
-    def task(
-        self,
-        fn: Callable[..., Any] | None = None,
-        /,
-        *,
-        name: str | None = None,
-        queue: str = DEFAULT_QUEUE,
-        priority: int = 0,
-        max_attempts: int = DEFAULT_MAX_ATTEMPTS,
-        backoff: Backoff | None = None,
-        retry_on: tuple[type[BaseException], ...] = (Exception,),
-        dead_on: tuple[type[BaseException], ...] = (),
-        timeout: float | None = None,
-        keep_result: float | None = None,
+        self, fn: Callable[..., Any] | None = None, /, **options: Unpack[TaskArgs]
     ) -> Task[Any, Any] | TaskDecorator:
         """Register a function as a task: ``@router.task`` or ``@router.task(queue="mail")``.
 
@@ -75,18 +50,7 @@ class Router:
         capped at 600 s), ``retry_on`` / ``dead_on`` (exception types that retry / go straight to
         the dead letters), ``timeout`` (seconds), ``keep_result`` (seconds to keep the result).
         """
-        options = make_options(
-            queue=queue,
-            priority=priority,
-            max_attempts=max_attempts,
-            backoff=backoff,
-            retry_on=retry_on,
-            dead_on=dead_on,
-            timeout=timeout,
-            keep_result=keep_result,
-        )
-        decorator = TaskDecorator(name, options, self.register)
-        return decorator(fn) if fn is not None else decorator
+        return decorate(fn, options, self.register)
 
     def register(self, task: Task[P, R]) -> Task[P, R]:
         """Add a task made with the bare ``@task``. Refuses a second definition of a name."""

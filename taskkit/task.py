@@ -13,10 +13,11 @@ import json
 import typing
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Generic, ParamSpec, TypeVar, overload
+from typing import Any, Generic, ParamSpec, TypedDict, TypeVar, overload
 
 from pydantic import BaseModel, ConfigDict, ValidationError, create_model
 from pydantic_core import to_jsonable_python
+from typing_extensions import Unpack
 
 from taskkit.errors import ArgumentsInvalid, ConfigurationError, EnqueueError
 from taskkit.job import DEFAULT_QUEUE, Job, validate_queue_name
@@ -203,6 +204,20 @@ def default_task_name(fn: Callable[..., Any]) -> str:
     return f"{fn.__module__}.{fn.__qualname__}"
 
 
+class TaskArgs(TypedDict, total=False):
+    """The keyword options of ``@task(...)`` and ``@router.task(...)``."""
+
+    name: str | None
+    queue: str
+    priority: int
+    max_attempts: int
+    backoff: Backoff | None
+    retry_on: tuple[type[BaseException], ...]
+    dead_on: tuple[type[BaseException], ...]
+    timeout: float | None
+    keep_result: float | None
+
+
 def make_options(
     *,
     queue: str = DEFAULT_QUEUE,
@@ -214,7 +229,7 @@ def make_options(
     timeout: float | None = None,
     keep_result: float | None = None,
 ) -> TaskOptions:
-    """Validate decorator arguments into TaskOptions."""
+    """Validate decorator arguments (``TaskArgs`` less the name) into TaskOptions."""
     validate_queue_name(queue)
     if max_attempts < 1:
         raise ConfigurationError(f"max_attempts must be at least 1, got {max_attempts}")
@@ -253,24 +268,24 @@ def task(fn: Callable[P, Coroutine[Any, Any, R]], /) -> Task[P, R]: ...
 @overload
 def task(fn: Callable[P, R], /) -> Task[P, R]: ...
 @overload
+def task(**options: Unpack[TaskArgs]) -> TaskDecorator: ...
 def task(
-    *,
-    name: str | None = None,
-    queue: str = DEFAULT_QUEUE,
-    priority: int = 0,
-    max_attempts: int = DEFAULT_MAX_ATTEMPTS,
-    backoff: Backoff | None = None,
-    retry_on: tuple[type[BaseException], ...] = (Exception,),
-    dead_on: tuple[type[BaseException], ...] = (),
-    timeout: float | None = None,
-    keep_result: float | None = None,
-) -> TaskDecorator: ...
-def task(
-    fn: Callable[..., Any] | None = None, /, *, name: str | None = None, **options: Any
+    fn: Callable[..., Any] | None = None, /, **options: Unpack[TaskArgs]
 ) -> Task[Any, Any] | TaskDecorator:
     """Make a task that a router can register later (``router.register(t)``).
 
     Use bare (``@task``) or with options (``@task(queue="mail", max_attempts=5)``).
     """
-    decorator = TaskDecorator(name, make_options(**options), None)
+    return decorate(fn, options, None)
+
+
+def decorate(
+    fn: Callable[..., Any] | None,
+    options: TaskArgs,
+    register: Callable[[Task[Any, Any]], object] | None,
+) -> Task[Any, Any] | TaskDecorator:
+    """The body of every task decorator: bare use gets the function, use with options not."""
+    settings = dict(options)
+    name = settings.pop("name", None)
+    decorator = TaskDecorator(name, make_options(**settings), register)  # type: ignore[arg-type]
     return decorator(fn) if fn is not None else decorator
