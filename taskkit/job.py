@@ -27,6 +27,8 @@ from taskkit.errors import ConfigurationError, PayloadInvalid
 
 WIRE_VERSION = 1
 DEFAULT_QUEUE = "default"
+# A job carries arguments, not data: big blobs belong in storage, passed by reference.
+MAX_PAYLOAD_BYTES = 4 * 1024 * 1024
 
 # Queue names end up in Redis keys, SQL values and log lines: keep them boring.
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$")
@@ -105,6 +107,7 @@ class Job(BaseModel):
 
 def decode_job(raw: bytes | str) -> Job:
     """Decode a wire payload, raising PayloadInvalid with a reason a person can act on."""
+    check_payload_size(len(raw))
     if isinstance(raw, bytes):
         try:
             raw = raw.decode("utf-8")
@@ -133,6 +136,15 @@ def decode_job(raw: bytes | str) -> Job:
         raise PayloadInvalid(f"payload does not match the job schema: {problems}") from None
     except RecursionError:
         raise PayloadInvalid("payload is nested too deeply to decode; flatten the data") from None
+
+
+def check_payload_size(size: int) -> None:
+    """Raise PayloadInvalid when a payload is larger than MAX_PAYLOAD_BYTES."""
+    if size > MAX_PAYLOAD_BYTES:
+        raise PayloadInvalid(
+            f"payload is {size / 1e6:.1f} MB, over the {MAX_PAYLOAD_BYTES // 2**20} MiB limit; "
+            "store large data elsewhere and pass a reference (a key, path or URL)"
+        )
 
 
 def peek_task(raw: bytes | str) -> str | None:

@@ -19,8 +19,8 @@ from pydantic import BaseModel, ConfigDict, ValidationError, create_model
 from pydantic_core import to_jsonable_python
 from typing_extensions import Unpack
 
-from taskkit.errors import ArgumentsInvalid, ConfigurationError, EnqueueError
-from taskkit.job import DEFAULT_QUEUE, Job, validate_queue_name
+from taskkit.errors import ArgumentsInvalid, ConfigurationError, EnqueueError, PayloadInvalid
+from taskkit.job import DEFAULT_QUEUE, Job, check_payload_size, validate_queue_name
 from taskkit.retry import DEFAULT_MAX_ATTEMPTS, Backoff, RetryPolicy
 
 P = ParamSpec("P")
@@ -113,12 +113,16 @@ class Task(Generic[P, R]):
         try:
             wire_args = to_jsonable_python(list(args))
             wire_kwargs = to_jsonable_python(kwargs)
-            json.dumps([wire_args, wire_kwargs], allow_nan=False)
-        except (TypeError, ValueError) as exc:
+            encoded = json.dumps([wire_args, wire_kwargs], allow_nan=False)
+        except (TypeError, ValueError, RecursionError) as exc:
             raise EnqueueError(
                 f"arguments of {self.name} cannot be sent as JSON: {exc}; pass plain data "
                 "(str, int, float, bool, None, lists, dicts) or pydantic models"
             ) from None
+        try:
+            check_payload_size(len(encoded))
+        except PayloadInvalid as exc:
+            raise EnqueueError(f"{self.name}: {exc}") from None
         opts = self.enqueue_options
         run_at = opts.run_at
         if opts.delay is not None:

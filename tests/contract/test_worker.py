@@ -135,7 +135,12 @@ async def test_an_unregistered_task_is_dead_at_once_with_the_reason(broker: Brok
         (b"\xff\xfe{}", "UTF-8"),
         (b'{"task": "calc.add", "args": ["x", 1]}', "ArgumentsInvalid"),
         (b'{"task": "calc.add", "args": [1, 2, 3]}', "ArgumentsInvalid"),
+        (b'{"task": "calc.add", "args": [1, 2], "pad": "' + b"x" * 10_000_000 + b'"}', "MiB limit"),
+        (b"[" * 100_000 + b"]" * 100_000, "nested too deeply"),
+        (rb'{"task": "calc\u0007add\u0000", "args": [1, 2]}', "task name"),
     ],
+    ids=["malformed", "array", "no-task", "args-not-list", "not-utf8", "wrong-type",
+         "too-many-args", "10MB", "deep-nesting", "control-chars"],
 )
 async def test_bad_payloads_go_dead_with_a_reason_and_the_worker_keeps_going(
     broker: Broker, clock: FakeClock, payload: bytes, reason: str
@@ -158,6 +163,26 @@ async def test_bad_payloads_go_dead_with_a_reason_and_the_worker_keeps_going(
         assert info is not None and info.state is JobState.DEAD and info.attempts == 1
         assert info.last_error is not None and reason in info.last_error
     assert await good.result(timeout=5) == 3
+
+
+async def test_an_exception_whose_str_raises_is_still_recorded(
+    broker: Broker, clock: FakeClock
+) -> None:
+    router = Router()
+
+    class Nasty(Exception):
+        def __str__(self) -> str:
+            raise RuntimeError("str() is broken too")
+
+    @router.task(name="nasty", max_attempts=1)
+    async def nasty() -> None:
+        raise Nasty()
+
+    handle = await App(router, broker, clock=clock).enqueue(nasty)
+    await drain(router, broker, clock)
+    info = await handle.info()
+    assert info is not None and info.state is JobState.DEAD
+    assert info.last_error is not None and info.last_error.startswith("Nasty: <str() of the")
 
 
 async def test_a_foreign_minimal_payload_runs_with_the_defaults_filled(broker: Broker, clock: FakeClock) -> None:
