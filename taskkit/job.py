@@ -154,7 +154,8 @@ def peek_task(raw: bytes | str) -> str | None:
     except (ValueError, RecursionError, UnicodeDecodeError):
         return None
     task = data.get("task") if isinstance(data, dict) else None
-    return task if isinstance(task, str) else None
+    # Only a valid name: brokers store it in columns that cannot hold control characters.
+    return task if isinstance(task, str) and _TASK_RE.match(task) else None
 
 
 def _short(exc: BaseException, limit: int = 200) -> str:

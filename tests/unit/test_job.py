@@ -65,6 +65,7 @@ def test_any_json_value_as_args_round_trips(value: object) -> None:
 def test_peek_task_is_best_effort() -> None:
     assert peek_task('{"task": "x"}') == "x"
     assert peek_task(b"\xff") is None and peek_task("[]") is None
+    assert peek_task('{"task": "bad\\u0000name"}') is None
 
 
 @pytest.mark.parametrize("name", ["", "a b", "x" * 200, "-lead", "q}{", "a\nb"])
