@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from taskkit.job import Job
+from taskkit.outcome import Outcome
 
 if TYPE_CHECKING:
     from taskkit.worker import Worker
@@ -77,6 +78,10 @@ class Middleware:
 
     def on_lease_lost(self, event: JobEvent) -> None:
         """Another worker took the job over (our lease ran out); our result was discarded."""
+
+    def on_settled(self, job_id: str, outcome: Outcome, applied: bool) -> None:
+        """The broker answered a settle: ``applied`` is False when the lease had been lost.
+        This is where a job's completion becomes durable."""
 
     def on_recovered(self, event: JobEvent) -> None:
         """This worker took back a job whose lease ran out under some worker."""

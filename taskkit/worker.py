@@ -396,7 +396,10 @@ class Worker:
                 log.error("settle failed (%s); retrying in %.1fs", exc, pause)
                 await anyio.sleep(pause)
                 continue
+            settled = self.hooks.wants("on_settled")
             for (lease, outcome), ok in zip(batch, applied, strict=True):
+                if settled:
+                    self.hooks.call("on_settled", lease.job_id, outcome, ok)
                 if not ok:
                     log.warning(
                         "job %s: %s refused: lease lost (another worker owns the job now)",
