@@ -71,7 +71,7 @@ def _start_worker(
     url: str, ledger: Path, lease: float, concurrency: int, n: int
 ) -> subprocess.Popen[bytes]:
     env = {**os.environ, "CHAOS_LEDGER": str(ledger), "TASKKIT_LOG_LEVEL": "WARNING"}
-    log = open(ledger.with_name(f"worker-{n}.log"), "wb")  # noqa: SIM115 - closed by the OS
+    log = open(ledger.with_name(f"worker-{n}.log"), "wb")
     return subprocess.Popen(
         [
             sys.executable,

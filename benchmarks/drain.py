@@ -32,7 +32,8 @@ async def drain(url: str, jobs: int, concurrency: int, batch: int = 1000) -> flo
                 [Job(task="bench.noop") for _ in range(min(batch, jobs - start))]
             )
         enqueue_s = time.perf_counter() - t0
-        print(f"enqueued {jobs} jobs in {enqueue_s:.2f}s ({jobs / enqueue_s:,.0f} jobs/s, batches of {batch})")
+        rate = jobs / enqueue_s
+        print(f"enqueued {jobs} jobs in {enqueue_s:.2f}s ({rate:,.0f} jobs/s, batches of {batch})")
         worker = app.worker(WorkerSettings(burst=True, concurrency=concurrency, poll_wait=0.05))
         t0 = time.perf_counter()
         await worker.run()
