@@ -27,7 +27,7 @@ from taskkit.errors import ConfigurationError, JobDead, ResultTimeout
 from taskkit.job import Job, JobInfo, JobState
 from taskkit.middleware import Hooks
 from taskkit.router import Router
-from taskkit.task import Task
+from taskkit.task import Task, TaskCall
 from taskkit.worker import Worker, WorkerSettings
 
 P = ParamSpec("P")
@@ -75,6 +75,13 @@ class App:
         job = task.build_job(args, kwargs, self.clock.now())
         [job_id] = await self._store([job])
         return JobHandle(self, job_id)
+
+    async def enqueue_many(self, calls: Sequence[TaskCall[R]]) -> list[JobHandle[R]]:
+        """Enqueue many calls in one broker round trip: ``[add.call(1, 2), add.call(3, 4)]``.
+        Every call is validated first; if one is refused, nothing is stored."""
+        now = self.clock.now()
+        jobs = [c.build_job(now) for c in calls]
+        return [JobHandle(self, i) for i in await self._store(jobs)]
 
     async def enqueue_jobs(self, jobs: Sequence[Job]) -> list[JobHandle[Any]]:
         """Store prepared jobs in one broker round trip."""
@@ -224,6 +231,11 @@ class SyncApp:
         """Enqueue one call of ``task`` (see ``App.enqueue``)."""
         handle = self.call(functools.partial(self.app.enqueue, task, *args, **kwargs))
         return SyncJobHandle(self, handle)
+
+    def enqueue_many(self, calls: Sequence[TaskCall[R]]) -> list[SyncJobHandle[R]]:
+        """Enqueue many calls in one broker round trip (see ``App.enqueue_many``)."""
+        handles = self.call(self.app.enqueue_many, calls)
+        return [SyncJobHandle(self, h) for h in handles]
 
     def job(self, job_id: str) -> JobInfo | None:
         return self.call(self.app.job, job_id)

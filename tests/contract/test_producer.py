@@ -3,12 +3,22 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 
 import anyio
 import pytest
 
-from taskkit import App, JobContext, Retry, Router, Snooze, SyncApp, current_job
+from taskkit import (
+    App,
+    ArgumentsInvalid,
+    Job,
+    JobContext,
+    Retry,
+    Router,
+    Snooze,
+    SyncApp,
+    current_job,
+)
 from taskkit.broker import Broker
 from taskkit.clock import SystemClock
 from taskkit.job import JobState
@@ -113,3 +123,31 @@ async def test_retry_uses_an_attempt_with_its_own_delay(broker: Broker, clock: F
     await drain(router, broker, clock)
     info = await handle.info()
     assert info is not None and info.state is JobState.DEAD and info.attempts == 2
+
+
+async def test_enqueue_many_is_one_round_trip_and_all_or_nothing(
+    broker: Broker, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    router = Router()
+
+    @router.task(name="many.add", keep_result=60)
+    async def add(a: int, b: int) -> int:
+        return a + b
+
+    calls = 0
+    original = broker.enqueue
+
+    async def counting(jobs: Sequence[Job], now: float) -> list[str]:
+        nonlocal calls
+        calls += 1
+        return await original(jobs, now)
+
+    monkeypatch.setattr(broker, "enqueue", counting)
+    app = App(router, broker, clock=clock)
+    handles = await app.enqueue_many([add.call(i, i) for i in range(50)])
+    assert calls == 1 and len({h.id for h in handles}) == 50
+    with pytest.raises(ArgumentsInvalid, match="'b'"):
+        await app.enqueue_many([add.call(1, 2), add.call(1, "two")])  # type: ignore[arg-type]
+    assert calls == 1, "a refused call stores nothing"
+    await drain(router, broker, clock)
+    assert [await h.result(timeout=5) for h in handles[:3]] == [0, 2, 4]

@@ -42,7 +42,9 @@ def test_right_calls_type_check(tmp_path: Path) -> None:
         "h = await app.enqueue(send_email, 'a@example.com', retries=2)\n"
         "    ok: bool = await h.result()\n"
         "    await app.enqueue(resize.options(delay=5), 'a.png', 300)\n"
-        "    s: str = sync.enqueue(resize, 'a.png', width=10).get()",
+        "    s: str = sync.enqueue(resize, 'a.png', width=10).get()\n"
+        "    hs = await app.enqueue_many([resize.call('a.png', 1), resize.call('b.png', width=2)])\n"
+        "    r: str = await hs[0].result()",
     )
     assert status == 0, out
 
@@ -53,6 +55,10 @@ WRONG_CALLS = [
     ("await app.enqueue(resize, 'a.png')", 'Missing positional argument "width"'),
     ("sync.enqueue(resize, 'a.png', width='wide')", 'incompatible type "str"; expected "int"'),
     ("x: str = await (await app.enqueue(send_email, 'a')).result()", 'expression has type "bool"'),
+    (
+        "await app.enqueue_many([resize.call('a.png', 'wide')])",
+        'incompatible type "str"; expected "int"',
+    ),
 ]
 
 
