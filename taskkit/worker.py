@@ -236,7 +236,11 @@ class Worker:
         anywhere, and nothing waiting to be settled."""
         if self._running or self._pending_settles:
             return False
-        stats = await self.broker.stats(self.clock.now())
+        try:
+            stats = await self.broker.stats(self.clock.now())
+        except TaskkitError as exc:
+            log.error("cannot read queue stats (%s); not done yet", exc)
+            return False
         for queue in self.queues:
             st = stats.get(queue)
             if st is not None and (st.running or (st.ready and not st.paused)):
