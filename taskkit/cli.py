@@ -20,7 +20,9 @@ import json
 import logging
 import os
 import sys
+import time
 from collections.abc import Awaitable, Callable, Sequence
+from datetime import UTC, datetime
 from typing import Any
 
 import anyio
@@ -266,6 +268,31 @@ def cmd_cancel(args: argparse.Namespace) -> int:
     return anyio.run(_with_broker, args.broker, run)
 
 
+def cmd_schedule(args: argparse.Namespace) -> int:
+    router = load_router(args.app)
+    now = time.time()
+    rows = []
+    for t in router:
+        if t.settings.schedule is not None:
+            nxt = t.settings.schedule.next_after(now)
+            rows.append(
+                {
+                    "task": t.name,
+                    "queue": t.settings.queue,
+                    "schedule": str(t.settings.schedule),
+                    "next_run": datetime.fromtimestamp(nxt, UTC).isoformat(),
+                    "next_run_epoch": nxt,
+                }
+            )
+    if args.json:
+        _print_json(rows)
+    elif not rows:
+        print(f"no periodic tasks in {args.app}")
+    for row in [] if args.json else rows:
+        print(f"{row['task']}  {row['schedule']}  queue={row['queue']}  next={row['next_run']}")
+    return 0
+
+
 def cmd_pause(args: argparse.Namespace) -> int:
     queue = validate_queue_name(args.queue)
     paused = args.command == "pause"
@@ -372,6 +399,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("id", metavar="ID")
     _broker_flag(p)
     p.set_defaults(func=cmd_cancel)
+
+    p = sub.add_parser("schedule", parents=[common], help="periodic tasks and their next run")
+    p.add_argument("action", choices=["list"])
+    p.add_argument("app", metavar="APP")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_schedule)
 
     p = sub.add_parser("info", parents=[common], help="jobs per queue and state")
     _broker_flag(p)

@@ -48,7 +48,8 @@ class Router:
         Options: ``name`` (default ``module.function``), ``queue``, ``priority`` (higher runs
         first), ``max_attempts`` (executions, default 3), ``backoff`` (default 5 s doubling,
         capped at 600 s), ``retry_on`` / ``dead_on`` (exception types that retry / go straight to
-        the dead letters), ``timeout`` (seconds), ``keep_result`` (seconds to keep the result).
+        the dead letters), ``timeout`` (seconds), ``keep_result`` (seconds to keep the result),
+        ``cron`` or ``every`` (seconds) with ``timezone`` for periodic tasks (taskkit.schedule).
         """
         return decorate(fn, options, self.register)
 

@@ -22,6 +22,7 @@ from typing_extensions import Unpack
 from taskkit.errors import ArgumentsInvalid, ConfigurationError, EnqueueError, PayloadInvalid
 from taskkit.job import DEFAULT_QUEUE, Job, check_payload_size, validate_queue_name
 from taskkit.retry import DEFAULT_MAX_ATTEMPTS, Backoff, RetryPolicy
+from taskkit.schedule import Schedule, tick_job_id
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -36,6 +37,7 @@ class TaskOptions:
     policy: RetryPolicy = field(default_factory=RetryPolicy)
     timeout: float | None = None
     keep_result: float | None = None  # seconds to keep the return value; None keeps nothing
+    schedule: Schedule | None = None  # periodic tasks: when the workers enqueue them
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +69,13 @@ class Task(Generic[P, R]):
         self.is_async = inspect.iscoroutinefunction(fn)
         self._signature = inspect.signature(fn)
         self._model = _arguments_model(fn, self._signature, name)
+        if options.schedule is not None:
+            try:
+                self._signature.bind()
+            except TypeError:
+                raise ConfigurationError(
+                    f"periodic task {name} must be callable without arguments"
+                ) from None
 
     def __repr__(self) -> str:
         return f"<Task {self.name} queue={self.settings.queue}>"
@@ -105,6 +114,20 @@ class Task(Generic[P, R]):
         return Task(self.fn, self.name, self.settings, merged)
 
     # -- the producer side -------------------------------------------------------------------
+
+    def tick_job(self, tick: float, now: float) -> Job:
+        """The job for one tick of a periodic task (see taskkit.schedule)."""
+        assert self.settings.schedule is not None
+        keep = max(self.settings.keep_result or 0.0, self.settings.schedule.retention())
+        return Job(
+            id=tick_job_id(self.name, tick),
+            task=self.name,
+            queue=self.settings.queue,
+            priority=self.settings.priority,
+            run_at=tick,
+            enqueued_at=now,
+            keep_result=keep,
+        )
 
     def call(self, *args: P.args, **kwargs: P.kwargs) -> TaskCall[R]:
         """One call of this task, checked by mypy, for ``app.enqueue_many([...])``."""
@@ -236,6 +259,9 @@ class TaskArgs(TypedDict, total=False):
     dead_on: tuple[type[BaseException], ...]
     timeout: float | None
     keep_result: float | None
+    cron: str | None
+    every: float | None
+    timezone: str
 
 
 def make_options(
@@ -248,6 +274,9 @@ def make_options(
     dead_on: tuple[type[BaseException], ...] = (),
     timeout: float | None = None,
     keep_result: float | None = None,
+    cron: str | None = None,
+    every: float | None = None,
+    timezone: str = "UTC",
 ) -> TaskOptions:
     """Validate decorator arguments (``TaskArgs`` less the name) into TaskOptions."""
     validate_queue_name(queue)
@@ -256,7 +285,8 @@ def make_options(
     if timeout is not None and timeout <= 0:
         raise ConfigurationError(f"timeout must be positive, got {timeout}")
     policy = RetryPolicy(max_attempts, backoff or Backoff(), tuple(retry_on), tuple(dead_on))
-    return TaskOptions(queue, priority, policy, timeout, keep_result)
+    schedule = None if cron is None and every is None else Schedule(cron, every, timezone)
+    return TaskOptions(queue, priority, policy, timeout, keep_result, schedule)
 
 
 class TaskDecorator:

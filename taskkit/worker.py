@@ -168,6 +168,8 @@ class Worker:
             services.start_soon(self._heartbeat_loop)
             services.start_soon(self._recovery_loop)
             services.start_soon(self._settle_loop)
+            if not self.settings.burst:
+                services.start_soon(self._schedule_loop)
             async with anyio.create_task_group() as jobs:
                 await self._claim_loop(jobs)
                 await self._drain(jobs)
@@ -480,6 +482,32 @@ class Worker:
         elif task is not None:
             max_attempts = task.settings.policy.max_attempts
         return RetryPolicy().lost_run(delivery.attempts, max_attempts, now)
+
+    # -- periodic tasks ------------------------------------------------------------------------
+
+    async def _schedule_loop(self) -> None:
+        """Enqueue each due tick of the periodic tasks we serve; every worker does this, and
+        the tick's job id makes it one job (see taskkit.schedule)."""
+        periodic = [
+            (t, t.settings.schedule)
+            for t in self.router
+            if t.settings.schedule is not None and t.settings.queue in self.queues
+        ]
+        if not periodic:
+            return
+        done: dict[str, float] = {}
+        while True:
+            now = self.clock.now()
+            due = [(t, s.latest_at_or_before(now)) for t, s in periodic]
+            due = [(t, tick) for t, tick in due if done.get(t.name) != tick]
+            if due:
+                try:
+                    await self.broker.enqueue([t.tick_job(tick, now) for t, tick in due], now)
+                    done.update((t.name, tick) for t, tick in due)
+                except TaskkitError as exc:
+                    log.error("enqueueing periodic tasks failed (%s); will retry", exc)
+            soonest = min(s.next_after(now) for _, s in periodic)
+            await anyio.sleep(min(max(soonest - now, 0.01), self.settings.poll_wait))
 
     # -- shutdown ------------------------------------------------------------------------------
 

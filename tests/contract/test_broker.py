@@ -341,3 +341,17 @@ async def test_foreign_payload_is_delivered_even_when_it_does_not_decode(broker:
     await broker.settle([(got[bad].lease, DeadLetter("PayloadInvalid: not JSON"))], clock.now())
     [dead] = await broker.list_dead(None, 10)
     assert dead.id == bad and dead.task is None
+
+
+async def test_enqueue_is_idempotent_by_id_while_the_broker_keeps_the_job(
+    broker: Broker, clock: FakeClock
+) -> None:
+    now = clock.now()
+    first = job()
+    assert await broker.enqueue([first], now) == [first.id]
+    assert await broker.enqueue([first, first], now) == [first.id, first.id]
+    [d] = await broker.reserve(["default"], 5, LEASE, 0, now)
+    assert await broker.enqueue([first], now) == [first.id], "running: not stored again"
+    await broker.settle([(d.lease, Complete("1", keep_until=now + 60))], now)
+    assert await broker.enqueue([first], now) == [first.id], "done and kept: not stored again"
+    assert await broker.reserve(["default"], 5, LEASE, 0, now) == []
