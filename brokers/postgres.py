@@ -36,6 +36,15 @@ Wake-ups: every statement that makes jobs runnable sends one ``pg_notify`` per q
 channel ``taskkit.<schema>`` (payload: the queue name). A ``reserve`` with nothing due listens on
 a dedicated connection (re-armed after a reconnect) and claims again when its queues are
 notified, or after a short poll interval, which also picks up scheduled jobs as they come due.
+
+Connection trouble (the server restarts, fails over or drops connections): the call that meets it
+raises ``BrokerUnavailable``, one line naming the server without its password, and every pooled
+connection is replaced on its next use (asyncpg may otherwise hand out a connection the server has
+already closed). The worker backs off and calls again; the pool reconnects then. A lost LISTEN
+connection is re-armed by the next ``reserve``, retrying 0.25 s after a failure, doubling up to
+5 s, polling meanwhile. A claim or settle cut off mid-statement is rolled back by the server, or
+committed with its answer lost: then the lease runs out and the job is reclaimed and rerun
+(at-least-once), never lost.
 """
 
 from __future__ import annotations
@@ -44,8 +53,8 @@ import asyncio
 import logging
 import re
 import time
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -76,7 +85,7 @@ from taskkit.job import (
 )
 from taskkit.outcome import Complete, DeadLetter, Outcome, Retry
 
-__all__ = ["LATEST_VERSION", "PostgresBroker", "PostgresURL", "parse_url"]
+__all__ = ["LATEST_VERSION", "VERSIONS", "PostgresBroker", "PostgresURL", "parse_url"]
 
 log = logging.getLogger("taskkit.brokers.postgres")
 
@@ -87,20 +96,29 @@ _SCHEMA_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,47}$")
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
 _CONNECT_TIMEOUT = 10.0
-_LISTEN_RETRY = 5.0  # after a failed LISTEN connection, poll this long before trying again
+# After a failed LISTEN connection, poll (and retry it) after 0.25 s, doubling up to 5 s.
+_LISTEN_RETRY_FIRST = 0.25
+_LISTEN_RETRY = 5.0
 _PRUNE_EVERY = 10.0  # seconds of the caller's clock between prunes of expired results
 _PRUNE_BATCH = 1000
 _RACE_RETRIES = 3
 _WRITE_TIMEOUT = 30.0  # bound on a shielded write (see _write)
 
-# Driver errors that mean "the server cannot be reached or used right now".
-_UNAVAILABLE: tuple[type[BaseException], ...] = (
+# Driver errors that mean "the connection broke": the server went away or restarted, or the
+# driver lost track of the protocol on a connection the server was closing. Every pooled
+# connection is suspect after one of these (see PostgresBroker._drop_connections).
+_BROKEN: tuple[type[BaseException], ...] = (
     OSError,
     TimeoutError,
-    asyncpg.PostgresConnectionError,
-    asyncpg.CannotConnectNowError,
+    asyncpg.PostgresConnectionError,  # ConnectionDoesNotExistError, ConnectionFailureError, ...
+    asyncpg.CannotConnectNowError,  # starting up, shutting down, in recovery
     asyncpg.AdminShutdownError,
     asyncpg.CrashShutdownError,
+    asyncpg.InternalClientError,
+)
+# Driver errors that mean "the server cannot be reached or used right now".
+_UNAVAILABLE: tuple[type[BaseException], ...] = (
+    *_BROKEN,
     asyncpg.TooManyConnectionsError,
     asyncpg.InvalidCatalogNameError,
     asyncpg.InvalidAuthorizationSpecificationError,
@@ -110,6 +128,8 @@ _MISSING: tuple[type[BaseException], ...] = (
     asyncpg.InvalidSchemaNameError,
 )
 _MIN_SERVER = 13  # gen_random_uuid() in core
+# States whose rows are dropped at expires_at; past it they count as gone.
+_EXPIRING = frozenset({JobState.DONE, JobState.CANCELLED})
 
 
 # -- SQL files -----------------------------------------------------------------------------------
@@ -134,7 +154,9 @@ def _sections(filename: str, marker: str) -> dict[str, str]:
 
 _QUERIES = _sections("postgres_queries.sql", "name")
 _MIGRATIONS = _sections("postgres_migrations.sql", "migration")
-LATEST_VERSION = next(reversed(_MIGRATIONS))
+VERSIONS = tuple(_MIGRATIONS)
+"""Every schema version this code knows, in the order they are applied."""
+LATEST_VERSION = VERSIONS[-1]
 """The newest schema version this code knows (and needs)."""
 
 
@@ -284,8 +306,13 @@ def _info(rec: Any, now: float | None) -> JobInfo:
         attempts=rec["attempts"], payload=payload, max_attempts=rec["max_attempts"],
         priority=rec["priority"], run_at=rec["run_at"], enqueued_at=rec["enqueued_at"],
         finished_at=rec["finished_at"], last_error=rec["last_error"], result=rec["result"],
-        dedupe_key=rec["dedupe_key"],
+        dedupe_key=rec["dedupe_key"], started_at=rec["started_at"], progress=rec["progress"],
     )
+
+
+def _one_line(text: str) -> str:
+    """Driver messages may carry a DETAIL or HINT on further lines: keep log lines whole."""
+    return " ".join(text.split())
 
 
 def _first_wins(leases: Sequence[Lease], owned: set[tuple[str, str]]) -> list[bool]:
@@ -320,6 +347,7 @@ class PostgresBroker(Broker):
         self._listener: Any = None
         self._listener_lock = asyncio.Lock()
         self._listen_retry_at = 0.0
+        self._listen_failures = 0
         self._waiters: dict[str, set[asyncio.Event]] = {}
         self._next_prune = 0.0
 
@@ -334,9 +362,11 @@ class PostgresBroker(Broker):
     def _scrub(self, text: str) -> str:
         return text.replace(self._password, "***") if self._password else text
 
-    @contextmanager
-    def _errors(self, action: str) -> Iterator[None]:
-        """Translate driver errors raised inside the block into taskkit errors."""
+    @asynccontextmanager
+    async def _errors(self, action: str) -> AsyncIterator[None]:
+        """Translate driver errors raised inside the block into taskkit errors (each a single
+        line naming the server, never its password). After a connection failure the pool's
+        connections are replaced on their next use: see ``_drop_connections``."""
         try:
             yield
         except TaskkitError:
@@ -344,14 +374,29 @@ class PostgresBroker(Broker):
         except _MISSING as exc:
             raise SchemaMissing(self._missing_message("is missing", f"({exc})")) from exc
         except _UNAVAILABLE as exc:
+            if isinstance(exc, _BROKEN):
+                await self._drop_connections()
+            detail = str(exc) or type(exc).__name__
+            if isinstance(exc, asyncpg.InternalClientError):
+                detail = f"the connection broke during the call (asyncpg: {detail})"
             raise BrokerUnavailable(
                 f"PostgreSQL at {self._safe_url} is unavailable ({action}): "
-                f"{self._scrub(str(exc) or type(exc).__name__)}"
+                f"{_one_line(self._scrub(detail))}"
             ) from exc
         except (asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
             raise BrokerError(
-                f"PostgreSQL error during {action} on {self._safe_url}: {self._scrub(str(exc))}"
+                f"PostgreSQL error during {action} on {self._safe_url}: "
+                f"{_one_line(self._scrub(str(exc)))}"
             ) from exc
+
+    async def _drop_connections(self) -> None:
+        """Have the pool replace every connection on its next use. A server restart kills them
+        all, and asyncpg may hand one out before it has noticed (a connection that read the
+        server's FATAL message while idle fails its next query with InternalClientError):
+        replacing them all at the first failure makes the calls after the outage work at once.
+        A connection in use is closed when it is released."""
+        if self._pool is not None:
+            await self._pool.expire_connections()
 
     def _missing_message(self, what: str, detail: str) -> str:
         return (
@@ -401,9 +446,12 @@ class PostgresBroker(Broker):
         """Open the pool and check the schema is at the latest version (see Broker.connect)."""
         if self._pool is not None:
             return
-        with self._errors("connect"):
+        async with self._errors("connect"):
+            # min_size=0: no connection floor for asyncpg to restore in the background, which
+            # while the server is down logs a traceback per try; connections are (re)made when
+            # a call needs one, and a failure reaches the caller as BrokerUnavailable.
             pool = await asyncpg.create_pool(
-                self.options.dsn, min_size=1, max_size=self._pool_size, reset=_keep_session,
+                self.options.dsn, min_size=0, max_size=self._pool_size, reset=_keep_session,
                 **self._connect_kwargs(),
             )
             try:
@@ -431,10 +479,10 @@ class PostgresBroker(Broker):
         pool, self._pool = self._pool, None
         if listener is not None:
             listener.remove_termination_listener(self._on_listener_lost)
-            with self._errors("close"):
+            async with self._errors("close"):
                 await listener.close()
         if pool is not None:
-            with self._errors("close"):
+            async with self._errors("close"):
                 await pool.close()
         self._wake_all()
 
@@ -444,7 +492,7 @@ class PostgresBroker(Broker):
         Runs in one transaction under ``pg_advisory_xact_lock``, so it is safe from several
         processes at once. Needs no ``connect()``: it uses a connection of its own.
         """
-        with self._errors("migrate"):
+        async with self._errors("migrate"):
             conn = await asyncpg.connect(self.options.dsn, **self._connect_kwargs())
             try:
                 return await self._migrate(conn)
@@ -479,7 +527,7 @@ class PostgresBroker(Broker):
         if not jobs:
             return []
         rows = [_job_row(job, now) for job in jobs]
-        with self._errors("enqueue"):
+        async with self._errors("enqueue"):
             async with self.pool.acquire() as conn:
                 return await self._insert(conn, rows, now)
 
@@ -489,7 +537,7 @@ class PostgresBroker(Broker):
         semantics and return value as ``enqueue``; needs no ``connect()``."""
         if not jobs:
             return []
-        with self._errors("enqueue"):
+        async with self._errors("enqueue"):
             return await self._insert(conn, [_job_row(job, now) for job in jobs], now)
 
     async def enqueue_raw(self, queue: str, payload: bytes | str, now: float) -> str:
@@ -503,7 +551,7 @@ class PostgresBroker(Broker):
         except UnicodeDecodeError:
             pass
         job_id = new_job_id()
-        with self._errors("enqueue"):
+        async with self._errors("enqueue"):
             if text is None or "\x00" in text:
                 raw = payload if isinstance(payload, bytes) else payload.encode("utf-8")
                 await self.pool.execute(self._sql.q["enqueue_bytes"], job_id, queue, raw, now)
@@ -561,7 +609,7 @@ class PostgresBroker(Broker):
     async def _claim(
         self, queues: list[str], limit: int, lease_for: float, now: float
     ) -> list[Delivery]:
-        with self._errors("reserve"):
+        async with self._errors("reserve"):
             recs = await self._write(self._sql.q["claim"], queues, now, limit, lease_for)
         got = [_delivery(r) for r in recs]
         if got:
@@ -582,7 +630,7 @@ class PostgresBroker(Broker):
         """See Broker.extend: one UPDATE for the batch (a HOT update: lease_until is unindexed)."""
         if not leases:
             return []
-        with self._errors("extend"):
+        async with self._errors("extend"):
             recs = await self._write(
                 self._sql.q["extend"], [ls.job_id for ls in leases], [ls.token for ls in leases],
                 now + lease_for,
@@ -597,7 +645,7 @@ class PostgresBroker(Broker):
         leases = [lease for lease, _ in items]
         first = _first_wins(leases, {(ls.job_id, ls.token) for ls in leases})
         batch = [(ls, _settle_row(out)) for (ls, out), ok in zip(items, first, strict=True) if ok]
-        with self._errors("settle"):
+        async with self._errors("settle"):
             recs = await self._write(
                 self._sql.q["settle"],
                 [ls.job_id for ls, _ in batch], [ls.token for ls, _ in batch],
@@ -611,7 +659,7 @@ class PostgresBroker(Broker):
         """See Broker.release: one UPDATE for the batch; wakes idle workers of those queues."""
         if not leases:
             return
-        with self._errors("release"):
+        async with self._errors("release"):
             await self._write(
                 self._sql.q["release"], [ls.job_id for ls in leases], [ls.token for ls in leases],
                 now,
@@ -620,23 +668,24 @@ class PostgresBroker(Broker):
     async def reclaim_expired(
         self, queues: Sequence[str], lease_for: float, limit: int, now: float
     ) -> list[Delivery]:
-        """See Broker.reclaim_expired. Also prunes expired kept results now and then, since
-        every worker calls this periodically."""
+        """See Broker.reclaim_expired. Also prunes expired kept results and cancelled jobs now
+        and then, since every worker calls this periodically."""
         if not queues or limit <= 0:
             return []
         await self._prune(now)
-        with self._errors("reclaim"):
+        async with self._errors("reclaim"):
             recs = await self.pool.fetch(
                 self._sql.q["reclaim_expired"], list(queues), now, limit, lease_for
             )
         return [_delivery(r) for r in recs]
 
     async def _prune(self, now: float) -> None:
-        """Delete a batch of expired kept results, at most every ``_PRUNE_EVERY`` seconds."""
+        """Delete a batch of expired kept results and cancelled jobs, at most every
+        ``_PRUNE_EVERY`` seconds."""
         if now < self._next_prune:
             return
         try:
-            with self._errors("prune"):
+            async with self._errors("prune"):
                 gone = await self.pool.fetchval(self._sql.q["prune_results"], now, _PRUNE_BATCH)
         except BrokerError as exc:
             log.warning("pruning expired results failed: %s", exc)
@@ -695,25 +744,36 @@ class PostgresBroker(Broker):
         except (*_UNAVAILABLE, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
             if conn is not None:
                 conn.terminate()
-            self._listen_retry_at = time.monotonic() + _LISTEN_RETRY
-            log.warning(
-                "cannot LISTEN on %s (%s); polling for %.0f s",
-                self._safe_url, self._scrub(str(exc)), _LISTEN_RETRY,
+            self._listen_failures += 1
+            pause = min(_LISTEN_RETRY, _LISTEN_RETRY_FIRST * 2 ** (self._listen_failures - 1))
+            self._listen_retry_at = time.monotonic() + pause
+            # One line per outage: the first failure says what is wrong, the retries are quiet.
+            log.log(
+                logging.WARNING if self._listen_failures == 1 else logging.DEBUG,
+                "cannot LISTEN on %s (%s); polling meanwhile, retrying in %.2g s",
+                self._safe_url, _one_line(self._scrub(str(exc) or type(exc).__name__)), pause,
             )
             return None
+        if self._listen_failures:
+            log.info(
+                "LISTEN on %s re-armed after %d failed tries", self._safe_url, self._listen_failures
+            )
+            self._listen_failures = 0
         return conn
 
     # -- admin -------------------------------------------------------------------------------
 
     async def get_job(self, job_id: str, now: float) -> JobInfo | None:
-        """See Broker.get_job; a kept result past its expiry counts as gone."""
-        with self._errors("get_job"):
+        """See Broker.get_job; a kept result or a cancelled job past its expiry counts as
+        gone, even before it is pruned."""
+        async with self._errors("get_job"):
             rec = await self.pool.fetchrow(self._sql.q["get_job"], job_id, now)
         return None if rec is None else _info(rec, now)
 
     async def stats(self, now: float) -> dict[str, QueueStats]:
-        """See Broker.stats: one aggregate over the live (not done) jobs."""
-        with self._errors("stats"):
+        """See Broker.stats: one aggregate over the jobs; kept results and cancelled jobs are
+        not counted (their queue is listed, with zero counts, until they expire)."""
+        async with self._errors("stats"):
             recs = await self.pool.fetch(self._sql.q["stats"], now)
         return {
             r["queue"]: QueueStats(
@@ -725,7 +785,7 @@ class PostgresBroker(Broker):
 
     async def list_dead(self, queue: str | None, limit: int) -> list[JobInfo]:
         """See Broker.list_dead."""
-        with self._errors("list_dead"):
+        async with self._errors("list_dead"):
             recs = await self.pool.fetch(self._sql.q["list_dead"], queue, limit)
         return [_info(r, None) for r in recs]
 
@@ -734,7 +794,7 @@ class PostgresBroker(Broker):
     ) -> list[str]:
         """See Broker.requeue_dead. Returns ids in the order given (or in enqueue order)."""
         id_list = None if ids is None else list(ids)
-        with self._errors("requeue_dead"):
+        async with self._errors("requeue_dead"):
             for attempt in range(_RACE_RETRIES):
                 try:
                     recs = await self.pool.fetch(self._sql.q["requeue_dead"], id_list, queue, now)
@@ -751,16 +811,38 @@ class PostgresBroker(Broker):
 
     async def purge_dead(self, ids: Sequence[str] | None, queue: str | None) -> int:
         """See Broker.purge_dead."""
-        with self._errors("purge_dead"):
+        async with self._errors("purge_dead"):
             gone = await self.pool.fetchval(
                 self._sql.q["purge_dead"], None if ids is None else list(ids), queue
             )
         return int(gone)
 
+    async def cancel(self, job_id: str, keep_until: float, now: float) -> JobState | None:
+        """See Broker.cancel: one statement that locks the row, so a claim in flight is either
+        before it (the job reports RUNNING) or after it (the job is cancelled, never claimed)."""
+        async with self._errors("cancel"):
+            rec = await self.pool.fetchrow(self._sql.q["cancel"], job_id, keep_until, now)
+        if rec is None:
+            return None
+        state = JobState(rec["state"])
+        expires_at: float | None = rec["expires_at"]
+        if state in _EXPIRING and expires_at is not None and expires_at <= now:
+            return None  # expired but not pruned yet: gone, as get_job says
+        return state
+
+    async def set_progress(self, lease: Lease, progress: str, now: float) -> bool:
+        """See Broker.set_progress: fenced by (id, lease_token), like every write after a
+        claim."""
+        async with self._errors("set_progress"):
+            applied = await self.pool.fetchval(
+                self._sql.q["set_progress"], lease.job_id, lease.token, progress
+            )
+        return applied is not None
+
     async def set_paused(self, queue: str, paused: bool) -> None:
         """See Broker.set_paused; resuming wakes idle workers of the queue."""
         validate_queue_name(queue)
-        with self._errors("set_paused"):
+        async with self._errors("set_paused"):
             await self.pool.execute(self._sql.q["pause" if paused else "resume"], queue)
 
 

@@ -11,8 +11,8 @@
 -- Table layout
 -- ------------
 -- {schema}.jobs: the live jobs, one row each. Rows leave the table when a job completes without
--- a kept result (DELETE at settle), when a kept result expires (pruned in batches), or when dead
--- jobs are purged. Times are float seconds since the epoch from the caller's clock (the core's
+-- a kept result (DELETE at settle), when a kept result or a cancelled job expires (pruned in
+-- batches), or when dead jobs are purged. Times are float seconds since the epoch from the caller's clock (the core's
 -- `now`), never SQL now(), so a fake clock drives every state change. Only foreign producers
 -- (the enqueue function, column defaults) stamp times with the database clock.
 --
@@ -20,7 +20,8 @@
 --   seq           bigint      insertion order: FIFO tie-break after priority and run_at
 --   queue         text        queue name (validated by the producer)
 --   task          text        task name, best effort (NULL for foreign payloads that do not parse)
---   state         text        pending | running | done | dead ("scheduled" = pending, run_at > now)
+--   state         text        pending | running | done | dead | cancelled (0002)
+--                             ("scheduled" = pending, run_at > now)
 --   priority      int         higher first
 --   run_at        float8      runnable from; also the retry time
 --   attempts      int         claims charged so far (reclaims do not charge again)
@@ -35,8 +36,11 @@
 --   lease_until   float8      lease expiry of a running job
 --   last_error    text        the last retry or dead-letter reason
 --   result        text        kept result (JSON text) of a done job
---   enqueued_at, finished_at  float8
---   expires_at    float8      when a done job's kept result may be dropped
+--   enqueued_at, finished_at  float8   (finished_at of a cancelled job: when it was cancelled)
+--   expires_at    float8      when a done job's kept result, or a cancelled job, may be dropped
+--   started_at    float8      (0002) when the latest attempt was claimed; set by every claim
+--   progress      text        (0002) JSON text written by the latest attempt; cleared by every
+--                             claim, written only under the attempt's lease token
 --
 -- Indexes, all partial so each covers only the rows one query looks for:
 --   jobs_claim_idx    (queue, priority DESC, run_at, seq) WHERE state = 'pending'
@@ -50,7 +54,8 @@
 --                     enqueue uses INSERT ... ON CONFLICT DO NOTHING against it; jobs without
 --                     a key cost it nothing.
 --   jobs_dead_idx     (finished_at DESC) WHERE state = 'dead'     dead-letter listings.
---   jobs_expiry_idx   (expires_at) WHERE state = 'done'           pruning of kept results.
+--   jobs_expiry_idx   (expires_at) WHERE state IN ('done', 'cancelled')
+--                     pruning of kept results and cancelled jobs (0002; 0001 had 'done' only).
 --
 -- Fencing: the CHECK below makes lease_token non-NULL exactly while state = 'running', so the
 -- batched writes after a claim (settle, extend, release) match on (id, lease_token) alone. They
@@ -200,3 +205,34 @@ BEGIN
         quote_literal(enqueue.dedupe_key);
 END
 $$;
+
+
+-- migration: 0002_cancel_progress
+--
+-- Cancellation and progress:
+--   state 'cancelled'  a pending job cancelled before it ran. It is never claimed (the claim
+--                      index covers pending rows only) and holds no dedupe key (jobs_dedupe_idx
+--                      covers pending and running rows only). finished_at is when it was
+--                      cancelled, expires_at until when get_job still reports it; it is pruned
+--                      with the kept results.
+--   started_at         when the latest attempt was claimed (every claim sets it).
+--   progress           JSON text written by that attempt (every claim clears it); an unindexed
+--                      column, so a progress write is a HOT update like a heartbeat.
+-- The new columns are nullable without a default: adding them rewrites nothing. The enqueue
+-- function needs no change: it inserts pending rows and looks for a key's holder among pending
+-- and running rows only, so a cancelled job neither blocks its old dedupe key nor is returned
+-- for it.
+
+ALTER TABLE {schema}.jobs
+    ADD COLUMN started_at double precision,
+    ADD COLUMN progress text;
+
+-- 0001 declared the state CHECK on the column, so PostgreSQL named it jobs_state_check.
+ALTER TABLE {schema}.jobs DROP CONSTRAINT jobs_state_check;
+ALTER TABLE {schema}.jobs ADD CONSTRAINT jobs_state_check
+    CHECK (state IN ('pending', 'running', 'done', 'dead', 'cancelled'));
+
+-- Pruning covers cancelled jobs too: both kinds of row expire at expires_at.
+DROP INDEX {schema}.jobs_expiry_idx;
+CREATE INDEX jobs_expiry_idx ON {schema}.jobs (expires_at)
+    WHERE state IN ('done', 'cancelled');

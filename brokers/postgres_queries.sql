@@ -84,7 +84,8 @@ SELECT count(pg_notify('{channel}', queue)) FROM inserted;
 
 -- name: claim
 -- Claim up to $3 due jobs: queues in the order of $1 (skipping paused ones), within a queue by
--- priority, run time and insertion order. Each queue is read through jobs_claim_idx by its own
+-- priority, run time and insertion order. Each claim starts an attempt: started_at = now, and
+-- the previous attempt's progress is cleared. Each queue is read through jobs_claim_idx by its own
 -- LATERAL scan; the outer LIMIT stops pulling (and locking) rows once $3 are taken, so a later
 -- queue is only read when the earlier ones run dry. FOR UPDATE SKIP LOCKED lets concurrent
 -- claimers pass each other; a row claimed meanwhile fails the re-checked state = 'pending'.
@@ -113,7 +114,9 @@ claimed AS (
     SET state = 'running',
         attempts = j.attempts + 1,
         lease_token = gen_random_uuid()::text,
-        lease_until = $2 + $4
+        lease_until = $2 + $4,
+        started_at = $2,
+        progress = NULL
     FROM picked
     WHERE j.id = picked.id
     RETURNING j.id, j.queue, j.payload, j.payload_raw, j.attempts, j.lease_token, j.lease_until,
@@ -216,12 +219,13 @@ RETURNING j.id, j.queue, j.payload, j.payload_raw, j.attempts, j.lease_token, j.
 
 
 -- name: prune_results
--- Drop up to $2 kept results that expired by $1 (jobs_expiry_idx). Returns how many went.
+-- Drop up to $2 kept results and cancelled jobs that expired by $1 (jobs_expiry_idx). Returns
+-- how many went.
 WITH gone AS (
     DELETE FROM {schema}.jobs
     WHERE id IN (
         SELECT id FROM {schema}.jobs
-        WHERE state = 'done' AND expires_at <= $1
+        WHERE state IN ('done', 'cancelled') AND expires_at <= $1
         LIMIT $2
         FOR UPDATE SKIP LOCKED
     )
@@ -231,16 +235,17 @@ SELECT count(*) FROM gone;
 
 
 -- name: get_job
--- One job; a done job whose kept result expired counts as gone even before it is pruned.
-SELECT id, queue, state, task, attempts, payload, payload_raw, max_attempts, priority, run_at, enqueued_at,
-       finished_at, last_error, result, dedupe_key
+-- One job; a kept result or a cancelled job past its expiry counts as gone even before it is
+-- pruned.
+SELECT id, queue, state, task, attempts, payload, payload_raw, max_attempts, priority, run_at,
+       enqueued_at, finished_at, last_error, result, dedupe_key, started_at, progress
 FROM {schema}.jobs
-WHERE id = $1 AND NOT (state = 'done' AND expires_at <= $2);
+WHERE id = $1 AND NOT (state IN ('done', 'cancelled') AND expires_at <= $2);
 
 
 -- name: stats
--- Counts per queue, plus every paused queue. A queue whose only jobs are kept results is listed
--- (with zero counts), as the memory broker does.
+-- Counts per queue, plus every paused queue. A queue whose only jobs are kept results or
+-- cancelled jobs is listed (with zero counts), as the memory broker does; neither is counted.
 WITH counts AS (
     SELECT queue,
            count(*) FILTER (WHERE state = 'pending' AND run_at <= $1) AS ready,
@@ -248,7 +253,7 @@ WITH counts AS (
            count(*) FILTER (WHERE state = 'running') AS running,
            count(*) FILTER (WHERE state = 'dead') AS dead
     FROM {schema}.jobs
-    WHERE state <> 'done' OR expires_at > $1
+    WHERE state NOT IN ('done', 'cancelled') OR expires_at > $1
     GROUP BY queue
 )
 SELECT coalesce(c.queue, p.queue) AS queue,
@@ -264,8 +269,8 @@ ORDER BY 1;
 
 -- name: list_dead
 -- Dead jobs newest first, of queue $1 when not NULL, at most $2.
-SELECT id, queue, state, task, attempts, payload, payload_raw, max_attempts, priority, run_at, enqueued_at,
-       finished_at, last_error, result, dedupe_key
+SELECT id, queue, state, task, attempts, payload, payload_raw, max_attempts, priority, run_at,
+       enqueued_at, finished_at, last_error, result, dedupe_key, started_at, progress
 FROM {schema}.jobs
 WHERE state = 'dead' AND ($1::text IS NULL OR queue = $1)
 ORDER BY finished_at DESC, seq DESC
@@ -318,6 +323,39 @@ WITH gone AS (
     RETURNING 1
 )
 SELECT count(*) FROM gone;
+
+
+-- name: cancel
+-- Cancel job $1 if it is pending (due or scheduled): state cancelled, kept until $2, cancelled at
+-- $3. Its dedupe key is free from then on (jobs_dedupe_idx covers pending and running rows).
+-- Returns the job's state after the call and its expiry, or no row for an unknown id.
+-- The row is locked first: a claim or settle in flight is waited for, and the state read is the
+-- one it committed (FOR UPDATE returns the newest row version), so a job claimed meanwhile
+-- reports running and is left alone. The UPDATE then acts on the locked row only if pending.
+WITH target AS MATERIALIZED (
+    SELECT id, state, expires_at FROM {schema}.jobs WHERE id = $1 FOR UPDATE
+),
+cancelled AS (
+    UPDATE {schema}.jobs AS j
+    SET state = 'cancelled',
+        finished_at = $3,
+        expires_at = $2
+    FROM target AS t
+    WHERE j.id = t.id AND t.state = 'pending'
+    RETURNING j.state, j.expires_at
+)
+SELECT coalesce(c.state, t.state) AS state, coalesce(c.expires_at, t.expires_at) AS expires_at
+FROM target AS t
+LEFT JOIN cancelled AS c ON true;
+
+
+-- name: set_progress
+-- Store progress $3 on job $1 while token $2 owns it (a non-NULL token means running). Touches
+-- only the unindexed progress column, so the update can be HOT. Returns a row when applied.
+UPDATE {schema}.jobs
+SET progress = $3
+WHERE id = $1 AND lease_token = $2
+RETURNING 1;
 
 
 -- name: pause

@@ -190,18 +190,18 @@ class Broker(ABC):
     async def set_paused(self, queue: str, paused: bool) -> None:
         """Pause or resume a queue. A paused queue accepts jobs but ``reserve`` skips it."""
 
+    @abstractmethod
     async def cancel(self, job_id: str, keep_until: float, now: float) -> JobState | None:
         """Cancel a pending or scheduled job: state cancelled, readable by ``get_job`` until
         ``keep_until``, its dedupe key freed, never delivered again. A running job is not
         interrupted. Returns the job's state after the call: CANCELLED when it is cancelled
         (now or before), the unchanged RUNNING, DONE or DEAD otherwise, None for an unknown id."""
-        raise NotImplementedError(f"{type(self).__name__} cannot cancel jobs yet")
 
+    @abstractmethod
     async def set_progress(self, lease: Lease, progress: str, now: float) -> bool:
         """Store ``progress`` (JSON text) on a running job, only while ``lease`` owns it.
         Every claim clears the progress, so each attempt starts afresh. Returns False, writing
         nothing, when the lease was lost."""
-        raise NotImplementedError(f"{type(self).__name__} cannot store progress yet")
 
     async def wait_for_change(self, job_id: str, timeout: float) -> None:
         """Wait up to ``timeout`` seconds for a sign that ``job_id`` may have changed state.

@@ -12,7 +12,7 @@ import anyio
 import asyncpg
 import pytest
 
-from brokers.postgres import LATEST_VERSION, PostgresBroker, parse_url
+from brokers.postgres import _SQL, VERSIONS, PostgresBroker, parse_url
 from taskkit.errors import BrokerUnavailable, SchemaMissing
 from taskkit.job import Job, JobState, decode_job
 from taskkit.outcome import Complete, DeadLetter, Retry
@@ -69,7 +69,7 @@ async def count_rows(url: str) -> int:
 
 async def test_migrate_is_idempotent(bare_url: str) -> None:
     broker = PostgresBroker(bare_url)
-    assert await broker.migrate() == [LATEST_VERSION]
+    assert await broker.migrate() == list(VERSIONS)
     assert await broker.migrate() == []
     async with broker:
         assert await broker.stats(time.time()) == {}
@@ -84,7 +84,7 @@ async def test_concurrent_migrations_apply_each_version_once(bare_url: str) -> N
     async with anyio.create_task_group() as tg:
         for _ in range(6):
             tg.start_soon(migrate)
-    assert sorted(results) == [[]] * 5 + [[LATEST_VERSION]]
+    assert sorted(results) == [[]] * 5 + [list(VERSIONS)]
     conn = await connect_raw(bare_url)
     try:
         versions = await conn.fetch(
@@ -92,7 +92,7 @@ async def test_concurrent_migrations_apply_each_version_once(bare_url: str) -> N
         )
     finally:
         await conn.close()
-    assert [r["version"] for r in versions] == [LATEST_VERSION]
+    assert sorted(r["version"] for r in versions) == list(VERSIONS)
 
 
 async def test_connect_on_a_missing_schema_names_the_fix_and_hides_the_password(
@@ -112,8 +112,73 @@ async def test_connect_on_an_old_schema_raises_schema_missing(url: str) -> None:
         await conn.execute(f'DELETE FROM "{parse_url(url).schema}".schema_version')
     finally:
         await conn.close()
-    with pytest.raises(SchemaMissing, match="not applied: 0001_initial"):
+    with pytest.raises(SchemaMissing, match="not applied: 0001_initial, 0002_cancel_progress"):
         await PostgresBroker(url).connect()
+
+
+async def test_connect_on_a_schema_without_0002_names_the_missing_version(url: str) -> None:
+    conn = await connect_raw(url)
+    try:
+        await conn.execute(
+            f'DELETE FROM "{parse_url(url).schema}".schema_version WHERE version <> $1',
+            VERSIONS[0],
+        )
+    finally:
+        await conn.close()
+    with pytest.raises(SchemaMissing, match=r"not applied: 0002_cancel_progress\)"):
+        await PostgresBroker(url).connect()
+
+
+async def test_0002_upgrades_a_0001_schema_with_live_jobs(bare_url: str) -> None:
+    """A schema created by the released 0001 (applied by hand here, as `migrate` did then) and
+    holding pending, running and kept jobs is upgraded in place: nothing is lost, the jobs carry
+    on, and the new state and columns work."""
+    sql = _SQL(parse_url(bare_url).schema)
+    (first, initial), jobs = sql.migrations[0], f'"{parse_url(bare_url).schema}".jobs'
+    now = 1_000.0
+    pending, running, kept = Job(task="t"), Job(task="t", dedupe_key="k"), Job(task="t")
+    conn = await connect_raw(bare_url)
+    try:
+        await conn.execute(sql.q["create_version_table"])
+        await conn.execute(initial)
+        await conn.execute(sql.q["record_version"], first)
+        # Rows as the 0001 statements left them (no started_at or progress columns yet).
+        await conn.execute(
+            f"INSERT INTO {jobs} (id, state, payload, run_at, enqueued_at) VALUES ($1, 'pending',"
+            " $2, $3, $3)",
+            pending.id, pending.to_wire(), now,
+        )
+        await conn.execute(
+            f"INSERT INTO {jobs} (id, state, payload, run_at, enqueued_at, dedupe_key, attempts,"
+            " lease_token, lease_until) VALUES ($1, 'running', $2, $3, $3, 'k', 1, 'tok', $4)",
+            running.id, running.to_wire(), now, now + 30,
+        )
+        await conn.execute(
+            f"INSERT INTO {jobs} (id, state, payload, run_at, enqueued_at, result, expires_at,"
+            " finished_at) VALUES ($1, 'done', $2, $3, $3, '\"ok\"', $4, $3)",
+            kept.id, kept.to_wire(), now, now + 60,
+        )
+    finally:
+        await conn.close()
+    with pytest.raises(SchemaMissing, match="not applied: 0002_cancel_progress"):
+        await PostgresBroker(bare_url).connect()
+    assert await PostgresBroker(bare_url).migrate() == list(VERSIONS[1:])
+    async with PostgresBroker(bare_url) as broker:
+        info = await broker.get_job(kept.id, now)
+        assert info is not None and info.state is JobState.DONE and info.result == '"ok"'
+        info = await broker.get_job(running.id, now)
+        assert info is not None and info.state is JobState.RUNNING and info.started_at is None
+        assert await broker.cancel(running.id, now + 60, now) is JobState.RUNNING
+        assert await broker.cancel(pending.id, now + 60, now) is JobState.CANCELLED
+        [taken] = await broker.reclaim_expired(["default"], LEASE, 10, now + 31)
+        assert await broker.set_progress(taken.lease, '{"n": 1}', now + 31)
+        assert await broker.settle([(taken.lease, Retry(now + 31, "lost"))], now + 31) == [True]
+        [again] = await broker.reserve(["default"], 5, LEASE, 0, now + 32)
+        assert again.job_id == running.id and again.attempts == 2
+        info = await broker.get_job(running.id, now + 32)
+        assert info is not None and info.started_at == now + 32 and info.progress is None
+        await broker.reclaim_expired(["default"], LEASE, 10, now + 61)  # prunes both kinds
+    assert await count_rows(bare_url) == 1, "only the running job is left"
 
 
 async def test_an_unreachable_server_raises_broker_unavailable() -> None:
@@ -424,3 +489,107 @@ async def test_requeue_skips_a_dead_job_whose_dedupe_key_is_taken(url: str) -> N
             await broker.settle([(d.lease, DeadLetter("x"))], 0)
         assert await broker.requeue_dead(None, None, 0) == [dead[0].id], "one key, one revival"
         assert await broker.requeue_dead(None, None, 0) == [], "the key is held now"
+
+
+# -- cancel and progress -------------------------------------------------------------------------
+
+
+async def test_cancel_racing_claims_either_cancels_or_reports_running(url: str) -> None:
+    """Cancels and claims of the same jobs at once, on separate connections: a job is either
+    cancelled (and never delivered) or delivered (and the cancel said RUNNING), never both."""
+    n = 400
+    async with PostgresBroker(url) as canceller, PostgresBroker(url) as claimer:
+        ids = await claimer.enqueue([Job(task="t") for _ in range(n)], 0)
+        answers: dict[str, JobState | None] = {}
+        delivered: list[str] = []
+
+        async def cancel_all() -> None:
+            for job_id in reversed(ids):  # meet the claimer halfway
+                answers[job_id] = await canceller.cancel(job_id, 100, 0)
+
+        async def claim_all() -> None:
+            while got := await claimer.reserve(["default"], 7, LEASE, 0, 0):
+                delivered.extend(d.job_id for d in got)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(cancel_all)
+            tg.start_soon(claim_all)
+        assert set(answers) == set(ids)
+        assert {answers[i] for i in delivered} <= {JobState.RUNNING}
+        cancelled = {i for i, s in answers.items() if s is JobState.CANCELLED}
+        assert cancelled.isdisjoint(delivered) and len(cancelled) + len(delivered) == n
+        assert 0 < len(cancelled) < n, "the two really raced"
+
+
+async def test_a_cancelled_job_expires_with_the_kept_results(url: str) -> None:
+    async with PostgresBroker(url) as broker:
+        [jid] = await broker.enqueue([Job(task="t", dedupe_key="k")], 0)
+        assert await broker.cancel(jid, 60, 0) is JobState.CANCELLED
+        info = await broker.get_job(jid, 1)
+        assert info is not None and info.finished_at == 0 and info.dedupe_key == "k"
+        async with broker.pool.acquire() as conn:
+            plan = await conn.fetch("EXPLAIN (COSTS OFF) " + broker.query("prune_results"), 1, 9)
+        assert "jobs_expiry_idx" in "\n".join(r[0] for r in plan)
+        assert await broker.cancel(jid, 60, 60) is None, "expired, even before the prune"
+        await broker.reclaim_expired(["default"], LEASE, 10, 61)
+    assert await count_rows(url) == 0
+
+
+async def test_progress_writes_are_fenced_by_the_lease_token(url: str) -> None:
+    async with PostgresBroker(url) as broker:
+        await broker.enqueue([Job(task="t")], 0)
+        [d] = await broker.reserve(["default"], 1, LEASE, 0, 5)
+        stale = type(d.lease)(d.job_id, "not-the-token", d.lease.queue)
+        assert await broker.set_progress(stale, '{"x": 1}', 5) is False
+        assert await broker.set_progress(d.lease, '{"x": 2}', 5) is True
+        info = await broker.get_job(d.job_id, 5)
+        assert info is not None and (info.progress, info.started_at) == ('{"x": 2}', 5)
+        await broker.settle([(d.lease, Complete())], 6)
+        assert await broker.set_progress(d.lease, '{"x": 3}', 6) is False
+
+
+# -- connection trouble (see also tests/process/test_postgres_restart.py) -------------------------
+
+
+class _FailOnce:
+    """Stands in for the broker's pool: the first ``fetch`` raises ``error``, as asyncpg does
+    when it hands out a connection whose server went away before the driver noticed."""
+
+    def __init__(self, pool: asyncpg.Pool, error: Exception) -> None:
+        self.pool, self.error = pool, error
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.pool, name)
+
+    async def fetch(self, *args: object, **kwargs: object) -> object:
+        self.fetch = self.pool.fetch  # type: ignore[method-assign]
+        raise self.error
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        asyncpg.InternalClientError("cannot switch to state 12; another operation (2) is ..."),
+        asyncpg.AdminShutdownError("terminating connection due to administrator command"),
+        ConnectionResetError(104, "Connection reset by peer"),
+    ],
+    ids=["driver-lost-track", "admin-shutdown", "reset"],
+)
+async def test_a_broken_connection_is_unavailable_and_every_pooled_one_is_replaced(
+    url: str, error: Exception
+) -> None:
+    async with PostgresBroker(url, pool_size=2) as broker:
+        pool = broker.pool
+        async with pool.acquire() as conn:
+            before = conn.get_server_pid()
+        broker._pool = _FailOnce(pool, error)
+        try:
+            with pytest.raises(BrokerUnavailable) as info:
+                await broker.reserve(["default"], 1, LEASE, 0, 0)
+            assert await broker.reserve(["default"], 1, LEASE, 0, 0) == [], "the next call works"
+        finally:
+            broker._pool = pool
+        message = str(info.value)
+        assert "is unavailable (reserve)" in message and "\n" not in message
+        async with pool.acquire() as conn:
+            assert conn.get_server_pid() != before, "the pooled connection was replaced"

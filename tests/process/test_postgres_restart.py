@@ -1,0 +1,300 @@
+"""PostgreSQL restarts under two draining worker processes (issue: connection trouble).
+
+The test owns its server: ``ThrowawayPostgres`` runs initdb and pg_ctl on a free port (as the
+``postgres`` user when the test runs as root, since PostgreSQL refuses root), so it can stop and
+start it at will without disturbing the shared test server. While two workers drain 300 jobs the
+server goes down (``pg_ctl stop -m fast``, or ``-m immediate`` like a crash: every connection,
+LISTEN included, is cut), stays down until each worker's claims have failed three times, and
+comes back. Then every job must have run, nothing may be left pending or running, both workers
+must LISTEN again and still be serving (a job enqueued afterwards runs), and what they logged
+about the outage must be readable single lines, not tracebacks.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import textwrap
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import asyncpg
+import pytest
+
+from brokers.postgres import PostgresBroker, parse_url
+from taskkit import App, Job
+
+from .helpers import run_cli, start_worker, wait_until
+
+pytestmark = pytest.mark.slow
+
+# -- a PostgreSQL server owned by the test -------------------------------------------------------
+
+
+def pg_binary(name: str) -> str:
+    """``name`` from PATH or the newest /usr/lib/postgresql/*/bin; skips nothing: fails loudly."""
+    found = shutil.which(name)
+    if found:
+        return found
+    candidates = sorted(Path("/usr/lib/postgresql").glob(f"*/bin/{name}"))
+    if not candidates:
+        pytest.fail(f"{name} is not installed (apt-get install postgresql)", pytrace=False)
+    return str(candidates[-1])
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def accepts_connections(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), 0.5):
+            return True
+    except OSError:
+        return False
+
+
+class ThrowawayPostgres:
+    """A private PostgreSQL cluster on 127.0.0.1:``port``, data under a fresh temporary
+    directory. ``start``/``stop`` wait until the server is up or down (pg_ctl -w)."""
+
+    def __init__(self) -> None:
+        self.port = free_port()
+        self.workdir = Path(tempfile.mkdtemp(prefix="taskkit-pg-restart-"))
+        self.data = self.workdir / "data"
+        self.as_user: list[str] = []
+        if os.geteuid() == 0:  # initdb and postgres refuse to run as root
+            shutil.chown(self.workdir, "postgres", "postgres")
+            self.as_user = ["runuser", "-u", "postgres", "--"]
+        self.pg_ctl = pg_binary("pg_ctl")
+
+    @property
+    def url(self) -> str:
+        return f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
+
+    def _run(self, *argv: str, timeout: float = 60) -> None:
+        done = subprocess.run(
+            [*self.as_user, *argv], capture_output=True, text=True, timeout=timeout
+        )
+        if done.returncode != 0:
+            raise AssertionError(f"{' '.join(argv)} failed:\n{done.stdout}{done.stderr}")
+
+    def init(self) -> None:
+        self._run(pg_binary("initdb"), "-D", str(self.data), "-U", "postgres", "-A", "trust",
+                  "--no-sync")
+
+    def start(self) -> None:
+        # fsync=off is safe here: the tests kill the server, not the machine, so the OS still
+        # holds every write. Commits stay synchronous: a commit the client saw must survive.
+        options = f"-p {self.port} -k {self.workdir} -c listen_addresses=127.0.0.1 -c fsync=off"
+        self._run(self.pg_ctl, "-D", str(self.data), "-l", str(self.workdir / "log"), "-w",
+                  "-o", options, "start")
+
+    def stop(self, mode: str = "fast") -> None:
+        self._run(self.pg_ctl, "-D", str(self.data), "-m", mode, "-w", "stop")
+
+    def destroy(self) -> None:
+        if (self.data / "postmaster.pid").exists():
+            self._run(self.pg_ctl, "-D", str(self.data), "-m", "immediate", "-w", "stop")
+        shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+@pytest.fixture
+def throwaway_postgres() -> Iterator[ThrowawayPostgres]:
+    server = ThrowawayPostgres()
+    try:
+        server.init()
+        server.start()
+        yield server
+    finally:
+        server.destroy()
+
+
+# -- worker processes ----------------------------------------------------------------------------
+
+
+class Output:
+    """Collects a process's output lines as they come (a thread per process), so the test can
+    wait for a line while the process runs."""
+
+    def __init__(self, proc: subprocess.Popen[str]) -> None:
+        self.lines: list[str] = []
+        self._thread = threading.Thread(target=self._read, args=(proc,), daemon=True)
+        self._thread.start()
+
+    def _read(self, proc: subprocess.Popen[str]) -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            self.lines.append(line.rstrip("\n"))
+
+    def close(self, timeout: float = 10) -> None:
+        self._thread.join(timeout)
+
+    @property
+    def text(self) -> str:
+        return "\n".join(self.lines)
+
+    def notable(self) -> str:
+        """Everything but the per-job INFO lines."""
+        return "\n".join(ln for ln in list(self.lines) if "INFO taskkit.job" not in ln)
+
+    def claim_failures(self) -> int:
+        return sum("ERROR taskkit.worker: claim failed" in ln for ln in list(self.lines))
+
+    def outage_lines(self) -> list[str]:
+        """What the worker logged about the broker being unreachable."""
+        return [
+            ln for ln in list(self.lines)
+            if (" ERROR " in ln or " WARNING " in ln) and "taskkit.jobs" not in ln
+        ]
+
+
+TASKS = textwrap.dedent(
+    """
+    import os, time
+    from taskkit import Router
+
+    router = Router()
+
+    @router.task(name="ledger.record")
+    def record(n: int) -> None:
+        time.sleep(0.05)  # long enough that the restart lands mid-drain
+        # O_APPEND writes of one short line are atomic, so processes can share the ledger.
+        fd = os.open(os.environ["LEDGER"], os.O_WRONLY | os.O_APPEND)
+        os.write(fd, f"{n} {os.getpid()}\\n".encode())
+        os.close(fd)
+    """
+)
+
+JOBS = 300
+
+
+async def _enqueue(url: str, n: int) -> None:
+    async with App(None, PostgresBroker(url)) as app:
+        await app.enqueue_jobs([Job(task="ledger.record", args=[i]) for i in range(n)])
+
+
+async def _enqueue_one(url: str, n: int) -> None:
+    async with App(None, PostgresBroker(url)) as app:
+        await app.enqueue_jobs([Job(task="ledger.record", args=[n])])
+
+
+async def _fetch(url: str, query: str) -> list[tuple[Any, ...]]:
+    conn = await asyncpg.connect(parse_url(url).dsn)
+    try:
+        return [tuple(r) for r in await conn.fetch(query)]
+    finally:
+        await conn.close()
+
+
+def sql(url: str, query: str) -> list[tuple[Any, ...]]:
+    """Run one query on a connection of its own (the test's view, not a worker's)."""
+    return anyio.run(_fetch, url, query)
+
+
+def rows_by_state(url: str) -> dict[str, int]:
+    """The schema's jobs by state; empty once every job has been acknowledged."""
+    table = f'"{parse_url(url).schema}".jobs'
+    return dict(sql(url, f"SELECT state, count(*) FROM {table} GROUP BY state"))
+
+
+def listening_connections(url: str) -> int:
+    """Connections whose last statement was a LISTEN on this schema's channel: the workers'
+    listeners (asyncpg runs nothing else on them)."""
+    listen = f"LISTEN \"{parse_url(url).channel}\""
+    [(n,)] = sql(url, f"SELECT count(*) FROM pg_stat_activity WHERE query = '{listen}'")
+    return int(n)
+
+
+def ledger_runs(ledger: Path) -> Counter[int]:
+    return Counter(int(line.split()[0]) for line in ledger.read_text().splitlines())
+
+
+@pytest.mark.parametrize("mode", ["fast", "immediate"])
+def test_workers_survive_a_server_restart_and_lose_no_job(
+    mode: str,
+    throwaway_postgres: ThrowawayPostgres,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``fast``: the server rolls back open transactions and says goodbye to every connection.
+    ``immediate``: it dies without a word, like a crash, and replays its WAL when it starts."""
+    server = throwaway_postgres
+    url = f"{server.url}?schema=restart"
+    migrated = run_cli(tmp_path, "migrate", "--broker", url)
+    assert migrated.returncode == 0, migrated.stderr
+    anyio.run(_enqueue, url, JOBS)
+
+    (tmp_path / "ledgertasks.py").write_text(TASKS)
+    ledger = tmp_path / "ledger.txt"
+    ledger.touch()
+    monkeypatch.setenv("LEDGER", str(ledger))
+    # A short lease: a claim whose answer the restart swallowed is reclaimed within seconds.
+    workers = [
+        start_worker("ledgertasks:router", url, tmp_path, "--concurrency", "4", "--lease", "4",
+                     worker_id=f"w{i}")
+        for i in range(2)
+    ]
+    outputs = [Output(w) for w in workers]
+    try:
+        wait_until(lambda: listening_connections(url) == 2, 10, "both workers to LISTEN")
+        wait_until(lambda: len(ledger.read_text().splitlines()) >= 40, 20, "the drain to start")
+        assert not any(o.outage_lines() for o in outputs), "no trouble before the outage"
+        server.stop(mode)
+        down_at = time.monotonic()
+        # Down until every worker's claim loop has failed three times (backing off between
+        # tries: 0.2 s, 0.4 s, ...), however long that takes.
+        wait_until(lambda: all(o.claim_failures() >= 3 for o in outputs), 15,
+                   "each worker to retry its claims during the outage")
+        noticed = [o.outage_lines() for o in outputs]
+        assert len(ledger_runs(ledger)) < JOBS, "the outage hit mid-drain"
+        server.start()
+        outage = time.monotonic() - down_at
+
+        def drained() -> bool:
+            return len(ledger_runs(ledger)) == JOBS and rows_by_state(url) == {}
+
+        wait_until(drained, 20, "every job to run and be acknowledged after the restart")
+        wait_until(lambda: listening_connections(url) == 2, 10, "both workers to LISTEN again")
+        exited = [w.poll() for w in workers]
+        assert exited == [None, None], "a worker died (its log is printed below)"
+        anyio.run(_enqueue_one, url, JOBS)
+        wait_until(lambda: JOBS in ledger_runs(ledger), 10, "a job enqueued after the restart")
+    finally:
+        for w in workers:
+            if w.poll() is None:
+                w.send_signal(signal.SIGTERM)
+        codes = [w.wait(20) for w in workers]
+        for i, o in enumerate(outputs):
+            o.close()
+            print(f"--- worker w{i} (exit {codes[i]}), per-job lines left out:\n{o.notable()}")
+    logs = [o.text for o in outputs]
+    assert codes == [0, 0], "a worker did not stop cleanly (its log is printed below)"
+
+    runs = ledger_runs(ledger)
+    assert sorted(runs) == list(range(JOBS + 1)), "every job ran"
+    info = run_cli(tmp_path, "info", "--json", "--broker", url)
+    assert info.returncode == 0, info.stderr
+    assert json.loads(info.stdout)["queues"] == {}, "nothing pending, running or dead"
+    expected = ("is unavailable (", "cannot LISTEN on", "refused: lease lost")
+    for o, log, lines in zip(outputs, logs, noticed, strict=True):
+        assert "Traceback" not in log, "no traceback (the log is printed below)"
+        # One readable line: it says what is wrong, on which server (no password to hide here).
+        assert any("unavailable" in ln and f"127.0.0.1:{server.port}" in ln for ln in lines), lines
+        unexpected = [ln for ln in o.outage_lines() if not any(e in ln for e in expected)]
+        assert unexpected == [], unexpected
+    print(f"outage {outage:.1f}s; {sum(runs.values()) - len(runs)} job(s) ran twice")
+    for lines in noticed:
+        print("\n".join(lines[:3]))
