@@ -98,6 +98,35 @@ class WorkerSettings(BaseModel):
         return self.recovery_every or min(max(self.lease_for / 2, 0.05), 10.0)
 
 
+class _Outage:
+    """One readable line per broker outage: the first failure of a streak at ERROR, repeats at
+    DEBUG, and one INFO line when the broker answers again."""
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+        self.failures = 0
+        self.since = 0.0
+
+    def failed(self, exc: BaseException) -> int:
+        self.failures += 1
+        if self.failures == 1:
+            self.since = time.monotonic()
+            log.error("%s failed: %s; retrying with backoff", self.what, exc)
+        else:
+            log.debug("%s failed again (%d): %s", self.what, self.failures, exc)
+        return self.failures
+
+    def ok(self) -> None:
+        if self.failures:
+            log.info(
+                "%s works again after %d failures (%.1fs)",
+                self.what,
+                self.failures,
+                time.monotonic() - self.since,
+            )
+            self.failures = 0
+
+
 @dataclass(eq=False)
 class _Running:
     lease: Lease
@@ -133,6 +162,7 @@ class Worker:
         self._threads = anyio.CapacityLimiter(self.settings.concurrency)
         self.hooks = Hooks([LoggingMiddleware(), *router.middleware])
         self.processed = 0
+        self._outages = {w: _Outage(w) for w in ("claim", "settle", "heartbeat", "recovery")}
         self.last_claim_ok = time.monotonic()
 
     # -- control -----------------------------------------------------------------------------
@@ -198,7 +228,7 @@ class Worker:
     # -- claim ---------------------------------------------------------------------------------
 
     async def _claim_loop(self, jobs: TaskGroup) -> None:
-        failures = 0
+        outage = self._outages["claim"]
         while not self.stopping:
             free = self.settings.concurrency - len(self._running)
             if free <= 0:
@@ -211,10 +241,9 @@ class Worker:
                 )
                 self.last_claim_ok = time.monotonic()
                 self.hooks.call("after_claim", self, len(deliveries), self.last_claim_ok - asked)
-                failures = 0
+                outage.ok()
             except TaskkitError as exc:
-                failures += 1
-                await self._broker_trouble("claim", exc, failures)
+                await self._backoff(outage.failed(exc))
                 continue
             for delivery in deliveries:
                 running = _Running(delivery.lease, delivery.attempts)
@@ -249,10 +278,9 @@ class Worker:
                 return False
         return True
 
-    async def _broker_trouble(self, what: str, exc: BaseException, failures: int) -> None:
-        pause = min(10.0, 0.1 * 2 ** min(failures, 7))
-        log.error("%s failed (%s); retrying in %.1fs", what, exc, pause)
-        with anyio.move_on_after(pause):
+    async def _backoff(self, failures: int) -> None:
+        """Wait 0.2 s doubling up to 10 s after the n-th failure in a row (or until stop)."""
+        with anyio.move_on_after(min(10.0, 0.1 * 2 ** min(failures, 7))):
             await self._stop.wait()
 
     # -- run one job --------------------------------------------------------------------------
@@ -386,21 +414,19 @@ class Worker:
                 await self._flush_locked()
 
     async def _flush_locked(self) -> None:
-        failures = 0
+        outage = self._outages["settle"]
         while self._pending_settles:
             batch, self._pending_settles = self._pending_settles, []
             try:
                 applied = await self.broker.settle(batch, self.clock.now())
+                outage.ok()
             except TaskkitError as exc:
                 self._pending_settles[:0] = batch
-                failures += 1
-                if failures > 20:
+                if outage.failed(exc) > 20:  # ~90 s: the leases have run out; others rerun them
                     log.error("giving up settling %d jobs; their leases will expire", len(batch))
                     self._pending_settles.clear()
                     return
-                pause = min(5.0, 0.05 * 2**failures)
-                log.error("settle failed (%s); retrying in %.1fs", exc, pause)
-                await anyio.sleep(pause)
+                await anyio.sleep(min(5.0, 0.05 * 2**outage.failures))
                 continue
             settled = self.hooks.wants("on_settled")
             for (lease, outcome), ok in zip(batch, applied, strict=True):
@@ -428,8 +454,9 @@ class Worker:
             lost = await self.broker.extend(
                 [r.lease for r in running], self.settings.lease_for, self.clock.now()
             )
+            self._outages["heartbeat"].ok()
         except TaskkitError as exc:
-            log.error("heartbeat failed (%s); will retry", exc)
+            self._outages["heartbeat"].failed(exc)
             return
         lost_ids = {lease.job_id for lease in lost}
         for r in running:
@@ -448,6 +475,7 @@ class Worker:
             found = await self.broker.reclaim_expired(
                 self.queues, self.settings.lease_for, 100, self.clock.now()
             )
+            self._outages["recovery"].ok()
             if not found:
                 return 0
             now = self.clock.now()
@@ -455,7 +483,7 @@ class Worker:
             with anyio.CancelScope(shield=True):  # taken over: decide before shutting down
                 await self.broker.settle(decisions, now)
         except TaskkitError as exc:
-            log.error("recovery failed (%s); will retry", exc)
+            self._outages["recovery"].failed(exc)
             return 0
         for delivery, (_, outcome) in zip(found, decisions, strict=True):
             verdict = "dead" if isinstance(outcome, DeadLetter) else "requeued"
