@@ -72,6 +72,24 @@ one call and returns it as one framed string. Dedupe keys are per queue (``P:{Q}
 Time always comes from the caller's ``now``; the only wall clock is the BLMOVE timeout, kept
 under the client's ``socket_timeout`` when one is set.
 
+Connection trouble. Unless the URL or a keyword says otherwise the client gets
+``socket_timeout=5``, ``socket_connect_timeout=5`` and ``socket_keepalive=True``: every reply is
+awaited at most 5 s, so a frozen server or a silently dropped connection cannot hang a worker,
+and a longer wait is served by several BLMOVEs, each 1 s shorter than the timeout (half of it,
+below 2 s). Every
+connection, timeout and socket error (the pool's included) becomes ``BrokerUnavailable`` naming
+the redacted URL, in one line; the worker logs it, backs off and calls again. The pool replaces
+a connection the server closed when it hands it out, so after a restart the next call simply
+reconnects; scripts the restarted server forgot (NOSCRIPT) are loaded again and the call redone.
+No command is retried inside the broker: a call whose reply was lost may have been applied, and
+only the caller knows whether doing it twice is harmless (the worker's settle is fenced by token,
+its claim is recovered when the lease runs out). ``health_check_interval`` stays off: with no
+retries a failed PING fails the call just as the command would have. What a restart keeps is
+what Redis persisted: with ``appendonly yes`` and ``appendfsync always`` nothing acknowledged is
+lost; with ``everysec`` a crash of the machine (not of redis-server alone) may lose the last
+second or two; without the AOF, everything since the last RDB snapshot (all of it when
+``save ""``); tests/process/test_redis_restart.py restarts a real server both ways.
+
 Scope: one Redis server (or a primary with replicas). The layout is ready for Redis Cluster
 (every script and BLMOVE stays in one slot) but the client is ``redis.asyncio.Redis``, not
 ``RedisCluster``. Needs Redis 6.2 or newer.
@@ -132,6 +150,12 @@ _BATCH: Final = 500  # jobs per script call in enqueue/settle/...: bounds one sc
 _STATS_SCAN: Final = 1000  # inbox elements stats inspects for foreign payloads
 _RECENT_MAX: Final = 10_000  # ids remembered from enqueue for get_job
 _MIN_VERSION: Final = (6, 2)  # BLMOVE, RPOP with a count
+# redis.asyncio options taskkit sets unless the URL or a keyword does (see "Connection trouble").
+_CONNECTION_DEFAULTS: Final[dict[str, Any]] = {
+    "socket_timeout": 5.0,
+    "socket_connect_timeout": 5.0,
+    "socket_keepalive": True,
+}
 
 
 # -- Lua -------------------------------------------------------------------------------------
@@ -248,12 +272,14 @@ class QueueKeys:
 
 
 class _Translate:
-    """Turns redis-py exceptions into taskkit's, naming the (redacted) URL."""
+    """Turns redis-py exceptions into taskkit's, naming the (redacted) URL. ``on_unavailable``
+    runs when the server could not be reached (to forget what a restart may have erased)."""
 
-    __slots__ = ("_url",)
+    __slots__ = ("_on_unavailable", "_url")
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, on_unavailable: Callable[[], None] | None = None) -> None:
         self._url = url
+        self._on_unavailable = on_unavailable
 
     def __enter__(self) -> None:
         return None
@@ -264,7 +290,10 @@ class _Translate:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        if isinstance(exc, rex.ConnectionError | rex.TimeoutError):
+        if isinstance(exc, rex.ConnectionError | rex.TimeoutError | OSError):
+            # OSError: socket errors redis-py lets through (TimeoutError is one since 3.11).
+            if self._on_unavailable is not None:
+                self._on_unavailable()
             raise BrokerUnavailable(f"Redis at {self._url} is unavailable: {_line(exc)}") from exc
         if isinstance(exc, rex.RedisError):
             raise BrokerError(f"Redis at {self._url} failed: {_line(exc)}") from exc
@@ -406,9 +435,9 @@ class RedisBroker(Broker):
         self.broker_id = os.urandom(8).hex()
         """This instance's id in ``P:{Q}:workers`` and its processing lists."""
         self._factory = connection_factory
-        self._redis_options = {**redis_options, "decode_responses": False}
+        self._redis_options = {**_CONNECTION_DEFAULTS, **redis_options, "decode_responses": False}
         self._client: aioredis.Redis | None = None
-        self._errors = _Translate(redact_url(url))
+        self._errors = _Translate(redact_url(url), self._forget_registrations)
         self._registry = f"{self.prefix}:queues"
         self._keys: dict[str, QueueKeys] = {}
         self._registered: set[str] = set()
@@ -416,6 +445,11 @@ class RedisBroker(Broker):
         self._recent: dict[str, str] = {}
         self._last_now = 0.0  # the caller's clock at the last claim, for close()
         self._block_max = math.inf
+
+    def _forget_registrations(self) -> None:
+        """After a lost connection: the server may have restarted empty, so register queues
+        again on the next call that needs them."""
+        self._registered.clear()
 
     def _check_prefix(self, prefix: str | None) -> str:
         if prefix is None:
@@ -712,13 +746,13 @@ class RedisBroker(Broker):
             with self._errors:
                 await self._blmove(keys[0], timeout)
             return
-        failures: list[rex.RedisError] = []
+        failures: list[rex.RedisError | OSError] = []
         async with anyio.create_task_group() as tg:
 
             async def wait_on(k: QueueKeys) -> None:
                 try:
                     moved = await self._blmove(k, timeout)
-                except rex.RedisError as exc:
+                except (rex.RedisError, OSError) as exc:
                     failures.append(exc)
                     moved = True
                 if moved is not None:

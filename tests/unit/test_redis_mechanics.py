@@ -10,8 +10,10 @@ from pathlib import Path
 
 import anyio
 import pytest
+from redis import exceptions as rex
 
-from brokers.redis import RedisBroker
+from brokers.redis import QueueKeys, RedisBroker
+from taskkit.errors import BrokerUnavailable
 from taskkit.job import Job, JobState, Lease
 from taskkit.outcome import Complete, DeadLetter, Outcome
 from taskkit.testing import FakeClock
@@ -257,3 +259,27 @@ async def test_a_cancelled_job_leaves_only_its_kept_record(
     assert 20_000 < await backend.cmd(broker.client, "PTTL", k.done(jid)) <= 30_000
     assert await broker.enqueue([Job(task="t.x", id=jid)], clock.now()) == [jid], "id is known"
     assert await broker.cancel(jid, clock.now() + 30, clock.advance(31)) is None
+
+
+@pytest.mark.parametrize("error", [rex.ConnectionError("gone"), ConnectionResetError(104, "reset")])
+async def test_a_lost_connection_is_broker_unavailable_and_queues_are_registered_again(
+    broker: RedisBroker, clock: FakeClock, monkeypatch: pytest.MonkeyPatch, error: Exception
+) -> None:
+    await broker.reserve(["default", "other"], 1, LEASE, 0, clock.now())
+    registry = f"{broker.prefix}:queues"
+    # A restart without persistence: the registry is gone, and the next call loses its socket.
+    await backend.cmd(broker.client, "DEL", registry)
+    blmove = broker._blmove
+
+    async def fail(k: QueueKeys, timeout: float) -> None:
+        raise error
+
+    monkeypatch.setattr(broker, "_blmove", fail)
+    for queues in (["default"], ["default", "other"]):  # one BLMOVE, and several at once
+        with pytest.raises(BrokerUnavailable) as caught:
+            await broker.reserve(queues, 1, LEASE, 1, clock.now())
+        assert "unavailable" in str(caught.value) and "\n" not in str(caught.value)
+    monkeypatch.setattr(broker, "_blmove", blmove)
+    assert await broker.reserve(["default", "other"], 1, LEASE, 0, clock.now()) == []
+    members = await backend.cmd(broker.client, "SMEMBERS", registry)
+    assert sorted(members) == [b"default", b"other"]

@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import re
 import socket
+import time
 
 import pytest
 
 from brokers.redis import _SCRIPTS, DEFAULT_PREFIX, QueueKeys, RedisBroker
 from taskkit.broker import broker_from_url
 from taskkit.errors import BrokerError, BrokerUnavailable, BrokerURLError
+from tests import servers
+from tests.backends import redis as backend
 
 pytestmark = pytest.mark.anyio
 SECRET = "s3cr3t-pw"
@@ -101,3 +104,33 @@ def test_scripts_are_all_there_and_documented() -> None:
     for script in _SCRIPTS.values():
         assert "KEYS[1..16]" in script.text  # the layout header travels with every script
         assert f"--!script {script.name}" not in script.text
+
+
+def test_connections_time_out_and_keep_alive_unless_told_otherwise() -> None:
+    defaults = RedisBroker("redis://h/0")._redis_options
+    assert defaults["socket_timeout"] == defaults["socket_connect_timeout"] == 5.0
+    assert defaults["socket_keepalive"] is True
+    assert RedisBroker("redis://h/0", socket_timeout=None)._redis_options["socket_timeout"] is None
+
+
+@pytest.mark.parametrize(
+    ("query", "block_max"), [("", 4.0), ("&socket_timeout=1.5", 0.75), ("&socket_timeout=30", 29.0)]
+)
+async def test_a_blmove_wait_stays_under_the_socket_timeout(
+    request: pytest.FixtureRequest, query: str, block_max: float
+) -> None:
+    """A frozen server or a dropped connection cannot hang a BLMOVE past the socket timeout,
+    and a wait longer than the timeout is served in several BLMOVEs (the URL wins)."""
+    url = servers.ensure_redis()
+    prefix = backend.unique_prefix(request.node.name)
+    b = RedisBroker(backend.with_prefix(url, prefix) + query)
+    await b.connect()
+    try:
+        assert b._block_max == block_max
+        wait = 2.0 if block_max < 1 else 0.2  # longer than the socket timeout of 1.5 s
+        started = time.monotonic()
+        assert await b.reserve(["default"], 1, 30, wait, time.time()) == []
+        assert wait - 0.1 < time.monotonic() - started < wait + 2
+    finally:
+        await backend.delete_prefix(b.client, prefix)
+        await b.close()

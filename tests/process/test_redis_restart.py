@@ -1,0 +1,441 @@
+"""Redis restarts under draining worker processes (issue: connection trouble).
+
+The tests own their server: ``ThrowawayRedis`` runs ``redis-server`` on a free port of 127.0.0.1
+with its data in a fresh temporary directory, so it can stop and start it at will without
+disturbing the shared test server. Stopping is SIGTERM and waiting for the process to exit (what
+``redis-cli shutdown`` does): with ``appendonly yes`` Redis writes and fsyncs its AOF first.
+
+- With persistence (``--appendonly yes --appendfsync always``): while two workers drain 300 jobs
+  the server goes down, stays down until every worker has retried its claim three times (the
+  later tries refused reconnections), and comes back on the same port with the same directory.
+  Every job must have run (some may have run twice: at-least-once), nothing may be left ready,
+  scheduled or running, and the workers must still be serving.
+- Without persistence (``--appendonly no --save ""``, as this machine's Redis runs): the restart
+  loses the queue, which is expected; the worker must survive it and drain the jobs enqueued
+  after the restart.
+- Frozen (SIGSTOP, then SIGCONT): connections stay open and nothing answers; every call must
+  give up after the socket timeout instead of hanging, and the drain must finish after the thaw.
+
+Each time the workers must be back waiting in BLMOVE afterwards (CLIENT LIST shows them blocked),
+and their logs must hold one ERROR line per loop and outage, no traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import textwrap
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import anyio
+import pytest
+import redis
+
+from brokers.redis import RedisBroker
+from taskkit import App, Job
+
+from .helpers import run_cli, start_worker, wait_until
+
+pytestmark = pytest.mark.slow
+
+# -- a Redis server owned by the test ------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class ThrowawayRedis:
+    """A private redis-server on 127.0.0.1:``port``, its files under a fresh temporary directory.
+    ``start`` and ``stop`` return once the server answers PING, or once its process has exited."""
+
+    def __init__(self, *, persistent: bool) -> None:
+        binary = shutil.which("redis-server")
+        if binary is None:
+            pytest.fail("redis-server is missing (apt-get install redis-server)", pytrace=False)
+        self.binary = binary
+        self.port = free_port()
+        self.dir = Path(tempfile.mkdtemp(prefix="taskkit-redis-restart-"))
+        self.persistent = persistent
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.starts = 0
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        assert self.proc is None, "already running"
+        persistence = (
+            ["--appendonly", "yes", "--appendfsync", "always"]
+            if self.persistent
+            else ["--appendonly", "no"]
+        )
+        self.starts += 1
+        self.proc = subprocess.Popen(
+            [
+                self.binary,
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--dir",
+                str(self.dir),
+                "--save",
+                "",
+                *persistence,
+                "--logfile",
+                str(self.dir / f"redis-{self.starts}.log"),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        client = redis.Redis(port=self.port, socket_timeout=1, socket_connect_timeout=1)
+        try:
+            wait_until(lambda: self._pong(client), 20, "redis-server to answer PING")
+        finally:
+            client.close()
+
+    def _pong(self, client: redis.Redis) -> bool:
+        assert self.proc is not None
+        if self.proc.poll() is not None:
+            log = (self.dir / f"redis-{self.starts}.log").read_text(errors="replace")
+            raise AssertionError(f"redis-server exited with {self.proc.returncode}:\n{log}")
+        try:
+            return bool(client.ping())
+        except (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError):
+            return False
+
+    def stop(self) -> None:
+        """SIGTERM, as ``redis-cli shutdown`` would: the AOF is fsynced before the process ends."""
+        assert self.proc is not None, "not running"
+        self.proc.terminate()
+        code = self.proc.wait(20)
+        self.proc = None
+        assert code == 0, f"redis-server exited with {code} on SIGTERM"
+
+    def freeze(self) -> None:
+        """SIGSTOP: connections stay open but nothing answers (a hung host, a dead network)."""
+        assert self.proc is not None, "not running"
+        self.proc.send_signal(signal.SIGSTOP)
+
+    def thaw(self) -> None:
+        assert self.proc is not None, "not running"
+        self.proc.send_signal(signal.SIGCONT)
+
+    def clients_waiting_in_blmove(self) -> int:
+        """How many clients sit blocked in BLMOVE now (CLIENT LIST: cmd=blmove, flag b)."""
+        client = redis.Redis(port=self.port, socket_timeout=2, socket_connect_timeout=2)
+        try:
+            listing = client.client_list()
+        finally:
+            client.close()
+        return sum(1 for c in listing if c.get("cmd") == "blmove" and "b" in c.get("flags", ""))
+
+    def destroy(self) -> None:
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.wait(10)
+            self.proc = None
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+@pytest.fixture
+def persistent_redis() -> Iterator[ThrowawayRedis]:
+    server = ThrowawayRedis(persistent=True)
+    try:
+        server.start()
+        yield server
+    finally:
+        server.destroy()
+
+
+@pytest.fixture
+def volatile_redis() -> Iterator[ThrowawayRedis]:
+    server = ThrowawayRedis(persistent=False)
+    try:
+        server.start()
+        yield server
+    finally:
+        server.destroy()
+
+
+# -- worker processes ----------------------------------------------------------------------------
+
+
+class Output:
+    """Collects a process's output lines as they come (a thread per process), so the test can
+    wait for a line while the process runs."""
+
+    def __init__(self, proc: subprocess.Popen[str]) -> None:
+        self.lines: list[str] = []
+        self._thread = threading.Thread(target=self._read, args=(proc,), daemon=True)
+        self._thread.start()
+
+    def _read(self, proc: subprocess.Popen[str]) -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            self.lines.append(line.rstrip("\n"))
+
+    def close(self, timeout: float = 10) -> None:
+        self._thread.join(timeout)
+
+    @property
+    def text(self) -> str:
+        return "\n".join(self.lines)
+
+    def notable(self) -> str:
+        """Everything but the per-job lines and the DEBUG ones."""
+        return "\n".join(
+            ln for ln in list(self.lines) if "taskkit.job" not in ln and " DEBUG " not in ln
+        )
+
+    def claim_failures(self, about: str = "") -> int:
+        """Failed claims so far (the first of an outage at ERROR, the retries at DEBUG)."""
+        return sum("taskkit.worker: claim failed" in ln and about in ln for ln in list(self.lines))
+
+    def outage_lines(self) -> list[str]:
+        """What the worker logged above INFO (the broker being unreachable, refused settles)."""
+        return [ln for ln in list(self.lines) if " ERROR " in ln or " WARNING " in ln]
+
+
+TASKS = textwrap.dedent(
+    """
+    import os, time
+    from taskkit import Router
+
+    router = Router()
+
+    @router.task(name="ledger.record")
+    def record(n: int) -> None:
+        time.sleep(0.03)  # long enough that the restart lands mid-drain
+        # O_APPEND writes of one short line are atomic, so processes can share the ledger.
+        fd = os.open(os.environ["LEDGER"], os.O_WRONLY | os.O_APPEND)
+        os.write(fd, f"{n} {os.getpid()}\\n".encode())
+        os.close(fd)
+    """
+)
+
+JOBS = 300
+PREFIX = "restart"
+
+
+async def _enqueue(url: str, numbers: range) -> None:
+    async with App(None, RedisBroker(url)) as app:
+        await app.enqueue_jobs([Job(task="ledger.record", args=[i]) for i in numbers])
+
+
+def enqueue(url: str, numbers: range) -> None:
+    anyio.run(_enqueue, url, numbers)
+
+
+def ledger_runs(ledger: Path) -> Counter[int]:
+    return Counter(int(line.split()[0]) for line in ledger.read_text().splitlines())
+
+
+def left_in_queues(cwd: Path, url: str) -> dict[str, dict[str, int]]:
+    """``taskkit info --json``: per queue, what is ready, scheduled, running or dead."""
+    info = run_cli(cwd, "info", "--json", "--broker", url)
+    assert info.returncode == 0, info.stderr
+    queues: dict[str, dict[str, int]] = json.loads(info.stdout)["queues"]
+    return queues
+
+
+def idle(cwd: Path, url: str) -> bool:
+    return all(
+        (q["ready"], q["scheduled"], q["running"]) == (0, 0, 0)
+        for q in left_in_queues(cwd, url).values()
+    )
+
+
+def start_workers(
+    count: int, url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> tuple[Path, list[subprocess.Popen[str]], list[Output]]:
+    (tmp_path / "ledgertasks.py").write_text(TASKS)
+    ledger = tmp_path / "ledger.txt"
+    ledger.touch()
+    monkeypatch.setenv("LEDGER", str(ledger))
+    # A short lease: a claim whose answer the restart swallowed is reclaimed within seconds.
+    workers = [
+        start_worker(
+            "ledgertasks:router",
+            url,
+            tmp_path,
+            "--concurrency",
+            "4",
+            "--lease",
+            "4",
+            "--log-level",
+            "DEBUG",  # the retries of an outage are DEBUG lines: the test waits for them
+            worker_id=f"w{i}",
+        )
+        for i in range(count)
+    ]
+    return ledger, workers, [Output(w) for w in workers]
+
+
+def stop_workers(workers: list[subprocess.Popen[str]], outputs: list[Output]) -> list[int]:
+    for w in workers:
+        if w.poll() is None:
+            w.send_signal(signal.SIGTERM)
+    codes = []
+    for w in workers:
+        try:
+            codes.append(w.wait(20))
+        except subprocess.TimeoutExpired:
+            w.kill()
+            codes.append(w.wait(10))
+    for o in outputs:
+        o.close()
+    return codes
+
+
+def check_outage_lines(outputs: list[Output], noticed: list[list[str]], port: int) -> None:
+    """No traceback; one readable ERROR line per loop and outage, naming the server; every line
+    above INFO is about the outage or its at-least-once aftermath (a lease that ran out meanwhile,
+    a settle refused because the job was taken over); and the claim loop says when Redis answers
+    again."""
+    expected = ("is unavailable:", "refused: lease lost", "lease ran out; requeued")
+    for i, (o, lines) in enumerate(zip(outputs, noticed, strict=True)):
+        print(f"--- worker w{i}, per-job and DEBUG lines left out:\n{o.notable()}")
+        assert "Traceback" not in o.text, "no traceback (the log is printed above)"
+        assert any("unavailable" in ln and f"127.0.0.1:{port}" in ln for ln in lines), lines
+        unexpected = [ln for ln in o.outage_lines() if not any(e in ln for e in expected)]
+        assert unexpected == [], unexpected
+        for loop in ("claim", "settle", "heartbeat", "recovery"):
+            errors = [ln for ln in o.lines if f"ERROR taskkit.worker: {loop} failed" in ln]
+            assert len(errors) <= 1, f"one ERROR line per outage, not {errors}"
+        assert sum("ERROR taskkit.worker: claim failed" in ln for ln in o.lines) == 1
+        assert any("taskkit.worker: claim works again after" in ln for ln in o.lines)
+
+
+# -- the tests -----------------------------------------------------------------------------------
+
+
+def test_workers_survive_a_redis_restart_and_lose_no_job_redis_kept(
+    persistent_redis: ThrowawayRedis, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    server = persistent_redis
+    url = f"{server.url}?prefix={PREFIX}"
+    enqueue(url, range(JOBS))
+    ledger, workers, outputs = start_workers(2, url, tmp_path, monkeypatch)
+    try:
+        wait_until(lambda: len(ledger_runs(ledger)) >= 40, 20, "the drain to start")
+        server.stop()
+        down_at = time.monotonic()
+        # Down until every worker's claim loop has failed three times, the last ones refused
+        # reconnections (backing off between tries: 0.2 s, 0.4 s, ...).
+        wait_until(
+            lambda: all(
+                o.claim_failures() >= 3 and o.claim_failures("connecting") for o in outputs
+            ),
+            15,
+            "each worker to retry its claims during the outage",
+        )
+        noticed = [o.outage_lines() for o in outputs]
+        assert len(ledger_runs(ledger)) < JOBS, "the outage hit mid-drain"
+        server.start()
+        outage = time.monotonic() - down_at
+
+        def drained() -> bool:
+            return len(ledger_runs(ledger)) == JOBS and idle(tmp_path, url)
+
+        wait_until(drained, 25, "every job to run and be acknowledged after the restart")
+        wait_until(lambda: server.clients_waiting_in_blmove() >= 2, 10, "both to wait in BLMOVE")
+        assert [w.poll() for w in workers] == [None, None], "a worker died (see its log below)"
+    finally:
+        codes = stop_workers(workers, outputs)
+    assert codes == [0, 0], [o.notable() for o in outputs]
+
+    runs = ledger_runs(ledger)
+    assert sorted(runs) == list(range(JOBS)), "every job ran"
+    queues = left_in_queues(tmp_path, url)
+    assert list(queues) == ["default"], queues
+    assert queues["default"]["dead"] == 0, queues
+    check_outage_lines(outputs, noticed, server.port)
+    twice = sum(runs.values()) - JOBS
+    print(f"outage {outage:.1f}s; {twice} job(s) ran twice (at-least-once)")
+
+
+def test_a_worker_survives_a_restart_that_loses_everything_and_drains_new_jobs(
+    volatile_redis: ThrowawayRedis, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    server = volatile_redis
+    url = f"{server.url}?prefix={PREFIX}"
+    enqueue(url, range(100))
+    ledger, workers, outputs = start_workers(1, url, tmp_path, monkeypatch)
+    try:
+        wait_until(lambda: len(ledger_runs(ledger)) >= 10, 20, "the drain to start")
+        server.stop()
+        wait_until(
+            lambda: all(o.claim_failures() >= 3 for o in outputs), 15, "the claims to be retried"
+        )
+        noticed = [o.outage_lines() for o in outputs]
+        server.start()  # empty: the queue, the leases and the scripts are gone
+        before = ledger_runs(ledger)
+        assert len(before) < 100, "the outage hit mid-drain"
+        enqueue(url, range(1000, 1100))
+
+        def drained() -> bool:
+            runs = ledger_runs(ledger)
+            return all(n in runs for n in range(1000, 1100)) and idle(tmp_path, url)
+
+        wait_until(drained, 25, "the jobs enqueued after the restart to run")
+        wait_until(lambda: server.clients_waiting_in_blmove() >= 1, 10, "a wait in BLMOVE")
+        assert [w.poll() for w in workers] == [None], "the worker died (see its log below)"
+    finally:
+        codes = stop_workers(workers, outputs)
+    assert codes == [0], [o.notable() for o in outputs]
+    runs = ledger_runs(ledger)
+    assert max(runs[n] for n in range(1000, 1100)) == 1, "new jobs ran once each"
+    check_outage_lines(outputs, noticed, server.port)
+    lost = sum(1 for n in range(100) if n not in runs)
+    print(f"{lost} of the 100 jobs enqueued before the restart were lost with the data")
+
+
+def test_workers_time_out_of_a_frozen_server_and_carry_on_when_it_thaws(
+    persistent_redis: ThrowawayRedis, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SIGSTOP: sockets stay open and nothing answers, the case a closed connection does not
+    cover. Every call, BLMOVE included, must give up after the socket timeout (5 s by default)."""
+    server = persistent_redis
+    url = f"{server.url}?prefix={PREFIX}"
+    enqueue(url, range(JOBS))
+    ledger, workers, outputs = start_workers(2, url, tmp_path, monkeypatch)
+    try:
+        wait_until(lambda: len(ledger_runs(ledger)) >= 40, 20, "the drain to start")
+        server.freeze()
+        try:
+            wait_until(
+                lambda: all(o.claim_failures("Timeout") for o in outputs),
+                20,
+                "each worker's claim to time out",
+            )
+        finally:
+            server.thaw()
+        noticed = [o.outage_lines() for o in outputs]
+        assert len(ledger_runs(ledger)) < JOBS, "the freeze hit mid-drain"
+
+        def drained() -> bool:
+            return len(ledger_runs(ledger)) == JOBS and idle(tmp_path, url)
+
+        wait_until(drained, 25, "every job to run and be acknowledged after the thaw")
+        wait_until(lambda: server.clients_waiting_in_blmove() >= 2, 10, "both to wait in BLMOVE")
+        assert [w.poll() for w in workers] == [None, None], "a worker died (see its log below)"
+    finally:
+        codes = stop_workers(workers, outputs)
+    assert codes == [0, 0], [o.notable() for o in outputs]
+    runs = ledger_runs(ledger)
+    assert sorted(runs) == list(range(JOBS)), "every job ran"
+    check_outage_lines(outputs, noticed, server.port)
+    print(f"{sum(runs.values()) - JOBS} job(s) ran twice (at-least-once)")
