@@ -30,7 +30,13 @@ from pydantic import ValidationError
 
 from taskkit.app import App
 from taskkit.broker import Broker, broker_from_url, redact_url
-from taskkit.errors import AppImportError, ConfigurationError, JobNotFound, TaskkitError
+from taskkit.errors import (
+    AppImportError,
+    BrokerUnavailable,
+    ConfigurationError,
+    JobNotFound,
+    TaskkitError,
+)
 from taskkit.job import JobState, validate_queue_name
 from taskkit.logformat import configure_logging
 from taskkit.router import Router
@@ -124,7 +130,36 @@ def cmd_worker(args: argparse.Namespace) -> int:
             tg.cancel_scope.cancel()
         return 0
 
-    return anyio.run(_with_broker, args.broker, run)
+    async def connect_then_run() -> int:
+        broker = broker_from_url(args.broker)
+        await _connect_patiently(broker, give_up=settings.burst)
+        try:
+            return await run(broker)
+        finally:
+            await broker.close()
+
+    return anyio.run(connect_then_run)
+
+
+async def _connect_patiently(broker: Broker, *, give_up: bool) -> None:
+    """A worker that starts before its broker waits for it (one log line, then backoff up to
+    10 s) instead of exiting; ``give_up`` (burst mode) fails at once."""
+    log = logging.getLogger("taskkit.worker")
+    failures = 0
+    while True:
+        try:
+            await broker.connect()
+        except BrokerUnavailable as exc:
+            if give_up:
+                raise
+            failures += 1
+            if failures == 1:
+                log.error("%s; waiting for the broker (retrying with backoff)", exc)
+            await anyio.sleep(min(10.0, 0.2 * 2 ** min(failures, 6)))
+            continue
+        if failures:
+            log.info("connected to %s after %d tries", redact_url(broker.url), failures + 1)
+        return
 
 
 def cmd_enqueue(args: argparse.Namespace) -> int:
