@@ -13,6 +13,8 @@ from taskkit import (
     ArgumentsInvalid,
     Job,
     JobContext,
+    JobDead,
+    ResultTimeout,
     Retry,
     Router,
     Snooze,
@@ -151,3 +153,26 @@ async def test_enqueue_many_is_one_round_trip_and_all_or_nothing(
     assert calls == 1, "a refused call stores nothing"
     await drain(router, broker, clock)
     assert [await h.result(timeout=5) for h in handles[:3]] == [0, 2, 4]
+
+
+async def test_waiting_for_a_result_times_out_and_a_dead_job_raises(
+    broker: Broker, clock: FakeClock
+) -> None:
+    router = Router()
+
+    @router.task(name="never.run", keep_result=60)
+    async def never() -> None: ...
+
+    @router.task(name="always.fails", max_attempts=1, keep_result=60)
+    async def fails() -> None:
+        raise KeyError("missing")
+
+    app = App(router, broker, clock=clock)
+    waiting = await app.enqueue(never.options(delay=3600))
+    with pytest.raises(ResultTimeout, match="did not finish within 0.2s"):
+        await waiting.result(timeout=0.2)
+    dead = await app.enqueue(fails)
+    await drain(router, broker, clock)
+    with pytest.raises(JobDead, match="KeyError: 'missing'") as err:
+        await dead.result(timeout=5)
+    assert err.value.error is not None and "gave up after 1 of 1" in err.value.error
