@@ -5,7 +5,9 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
@@ -42,3 +44,49 @@ def wait_until(condition: Callable[[], bool], timeout: float, what: str) -> None
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {what}")
         time.sleep(0.05)
+
+
+def ledger_runs(ledger: Path) -> Counter[int]:
+    """How often each job number appears in a ledger of ``<n> <pid>`` lines."""
+    return Counter(int(line.split()[0]) for line in ledger.read_text().splitlines())
+
+
+class Output:
+    """Collects a process's output lines as they come (a thread per process), so the test can
+    wait for a line while the process runs."""
+
+    def __init__(self, proc: subprocess.Popen[str]) -> None:
+        self.lines: list[str] = []
+        self._thread = threading.Thread(target=self._read, args=(proc,), daemon=True)
+        self._thread.start()
+
+    def _read(self, proc: subprocess.Popen[str]) -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            self.lines.append(line.rstrip("\n"))
+
+    def close(self, timeout: float = 10) -> None:
+        self._thread.join(timeout)
+
+    @property
+    def text(self) -> str:
+        return "\n".join(self.lines)
+
+    def notable(self) -> str:
+        """Everything but the per-job lines and the DEBUG ones."""
+        return "\n".join(
+            ln for ln in list(self.lines) if "taskkit.job" not in ln and " DEBUG " not in ln
+        )
+
+    def claim_failures(self, about: str = "") -> int:
+        """Failed claims so far (the first of an outage at ERROR, the retries at DEBUG)."""
+        return sum("taskkit.worker: claim failed" in ln and about in ln for ln in list(self.lines))
+
+    def outage_lines(self) -> list[str]:
+        """What the worker logged above INFO, but for per-job lines (the broker being
+        unreachable, refused settles)."""
+        return [
+            ln
+            for ln in list(self.lines)
+            if (" ERROR " in ln or " WARNING " in ln) and "taskkit.jobs" not in ln
+        ]

@@ -13,16 +13,9 @@ about the outage must be readable single lines, not tracebacks.
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import signal
-import socket
-import subprocess
-import tempfile
 import textwrap
-import threading
 import time
-from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -33,82 +26,11 @@ import pytest
 
 from brokers.postgres import PostgresBroker, parse_url
 from taskkit import App, Job
+from tests.servers import ThrowawayPostgres
 
-from .helpers import run_cli, start_worker, wait_until
+from .helpers import Output, ledger_runs, run_cli, start_worker, wait_until
 
 pytestmark = pytest.mark.slow
-
-# -- a PostgreSQL server owned by the test -------------------------------------------------------
-
-
-def pg_binary(name: str) -> str:
-    """``name`` from PATH or the newest /usr/lib/postgresql/*/bin; skips nothing: fails loudly."""
-    found = shutil.which(name)
-    if found:
-        return found
-    candidates = sorted(Path("/usr/lib/postgresql").glob(f"*/bin/{name}"))
-    if not candidates:
-        pytest.fail(f"{name} is not installed (apt-get install postgresql)", pytrace=False)
-    return str(candidates[-1])
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def accepts_connections(port: int) -> bool:
-    try:
-        with socket.create_connection(("127.0.0.1", port), 0.5):
-            return True
-    except OSError:
-        return False
-
-
-class ThrowawayPostgres:
-    """A private PostgreSQL cluster on 127.0.0.1:``port``, data under a fresh temporary
-    directory. ``start``/``stop`` wait until the server is up or down (pg_ctl -w)."""
-
-    def __init__(self) -> None:
-        self.port = free_port()
-        self.workdir = Path(tempfile.mkdtemp(prefix="taskkit-pg-restart-"))
-        self.data = self.workdir / "data"
-        self.as_user: list[str] = []
-        if os.geteuid() == 0:  # initdb and postgres refuse to run as root
-            shutil.chown(self.workdir, "postgres", "postgres")
-            self.as_user = ["runuser", "-u", "postgres", "--"]
-        self.pg_ctl = pg_binary("pg_ctl")
-
-    @property
-    def url(self) -> str:
-        return f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
-
-    def _run(self, *argv: str, timeout: float = 60) -> None:
-        done = subprocess.run(
-            [*self.as_user, *argv], capture_output=True, text=True, timeout=timeout
-        )
-        if done.returncode != 0:
-            raise AssertionError(f"{' '.join(argv)} failed:\n{done.stdout}{done.stderr}")
-
-    def init(self) -> None:
-        self._run(pg_binary("initdb"), "-D", str(self.data), "-U", "postgres", "-A", "trust",
-                  "--no-sync")
-
-    def start(self) -> None:
-        # fsync=off is safe here: the tests kill the server, not the machine, so the OS still
-        # holds every write. Commits stay synchronous: a commit the client saw must survive.
-        options = f"-p {self.port} -k {self.workdir} -c listen_addresses=127.0.0.1 -c fsync=off"
-        self._run(self.pg_ctl, "-D", str(self.data), "-l", str(self.workdir / "log"), "-w",
-                  "-o", options, "start")
-
-    def stop(self, mode: str = "fast") -> None:
-        self._run(self.pg_ctl, "-D", str(self.data), "-m", mode, "-w", "stop")
-
-    def destroy(self) -> None:
-        if (self.data / "postmaster.pid").exists():
-            self._run(self.pg_ctl, "-D", str(self.data), "-m", "immediate", "-w", "stop")
-        shutil.rmtree(self.workdir, ignore_errors=True)
 
 
 @pytest.fixture
@@ -123,45 +45,6 @@ def throwaway_postgres() -> Iterator[ThrowawayPostgres]:
 
 
 # -- worker processes ----------------------------------------------------------------------------
-
-
-class Output:
-    """Collects a process's output lines as they come (a thread per process), so the test can
-    wait for a line while the process runs."""
-
-    def __init__(self, proc: subprocess.Popen[str]) -> None:
-        self.lines: list[str] = []
-        self._thread = threading.Thread(target=self._read, args=(proc,), daemon=True)
-        self._thread.start()
-
-    def _read(self, proc: subprocess.Popen[str]) -> None:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            self.lines.append(line.rstrip("\n"))
-
-    def close(self, timeout: float = 10) -> None:
-        self._thread.join(timeout)
-
-    @property
-    def text(self) -> str:
-        return "\n".join(self.lines)
-
-    def notable(self) -> str:
-        """Everything but the per-job INFO lines."""
-        return "\n".join(
-            ln for ln in list(self.lines) if "taskkit.job" not in ln and " DEBUG " not in ln
-        )
-
-    def claim_failures(self) -> int:
-        # The first failure of an outage is an ERROR line, the retries DEBUG lines.
-        return sum("taskkit.worker: claim failed" in ln for ln in list(self.lines))
-
-    def outage_lines(self) -> list[str]:
-        """What the worker logged about the broker being unreachable."""
-        return [
-            ln for ln in list(self.lines)
-            if (" ERROR " in ln or " WARNING " in ln) and "taskkit.jobs" not in ln
-        ]
 
 
 TASKS = textwrap.dedent(
@@ -216,13 +99,9 @@ def rows_by_state(url: str) -> dict[str, int]:
 def listening_connections(url: str) -> int:
     """Connections whose last statement was a LISTEN on this schema's channel: the workers'
     listeners (asyncpg runs nothing else on them)."""
-    listen = f"LISTEN \"{parse_url(url).channel}\""
+    listen = f'LISTEN "{parse_url(url).channel}"'
     [(n,)] = sql(url, f"SELECT count(*) FROM pg_stat_activity WHERE query = '{listen}'")
     return int(n)
-
-
-def ledger_runs(ledger: Path) -> Counter[int]:
-    return Counter(int(line.split()[0]) for line in ledger.read_text().splitlines())
 
 
 @pytest.mark.parametrize("mode", ["fast", "immediate"])
@@ -246,8 +125,18 @@ def test_workers_survive_a_server_restart_and_lose_no_job(
     monkeypatch.setenv("LEDGER", str(ledger))
     # A short lease: a claim whose answer the restart swallowed is reclaimed within seconds.
     workers = [
-        start_worker("ledgertasks:router", url, tmp_path, "--concurrency", "4", "--lease", "4",
-                     "--log-level", "DEBUG", worker_id=f"w{i}")
+        start_worker(
+            "ledgertasks:router",
+            url,
+            tmp_path,
+            "--concurrency",
+            "4",
+            "--lease",
+            "4",
+            "--log-level",
+            "DEBUG",
+            worker_id=f"w{i}",
+        )
         for i in range(2)
     ]
     outputs = [Output(w) for w in workers]
@@ -259,8 +148,11 @@ def test_workers_survive_a_server_restart_and_lose_no_job(
         down_at = time.monotonic()
         # Down until every worker's claim loop has failed three times (backing off between
         # tries: 0.2 s, 0.4 s, ...), however long that takes.
-        wait_until(lambda: all(o.claim_failures() >= 3 for o in outputs), 15,
-                   "each worker to retry its claims during the outage")
+        wait_until(
+            lambda: all(o.claim_failures() >= 3 for o in outputs),
+            15,
+            "each worker to retry its claims during the outage",
+        )
         noticed = [o.outage_lines() for o in outputs]
         assert len(ledger_runs(ledger)) < JOBS, "the outage hit mid-drain"
         server.start()

@@ -23,131 +23,25 @@ and their logs must hold one ERROR line per loop and outage, no traceback.
 from __future__ import annotations
 
 import json
-import shutil
 import signal
-import socket
 import subprocess
-import tempfile
 import textwrap
-import threading
 import time
-from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
 import anyio
 import pytest
-import redis
 
 from brokers.redis import RedisBroker
 from taskkit import App, Job
+from tests.servers import ThrowawayRedis
 
-from .helpers import run_cli, start_worker, wait_until
+from .helpers import Output, ledger_runs, run_cli, start_worker, wait_until
 
 pytestmark = pytest.mark.slow
 
 # -- a Redis server owned by the test ------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-class ThrowawayRedis:
-    """A private redis-server on 127.0.0.1:``port``, its files under a fresh temporary directory.
-    ``start`` and ``stop`` return once the server answers PING, or once its process has exited."""
-
-    def __init__(self, *, persistent: bool) -> None:
-        binary = shutil.which("redis-server")
-        if binary is None:
-            pytest.fail("redis-server is missing (apt-get install redis-server)", pytrace=False)
-        self.binary = binary
-        self.port = free_port()
-        self.dir = Path(tempfile.mkdtemp(prefix="taskkit-redis-restart-"))
-        self.persistent = persistent
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.starts = 0
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
-
-    def start(self) -> None:
-        assert self.proc is None, "already running"
-        persistence = (
-            ["--appendonly", "yes", "--appendfsync", "always"]
-            if self.persistent
-            else ["--appendonly", "no"]
-        )
-        self.starts += 1
-        self.proc = subprocess.Popen(
-            [
-                self.binary,
-                "--port",
-                str(self.port),
-                "--bind",
-                "127.0.0.1",
-                "--dir",
-                str(self.dir),
-                "--save",
-                "",
-                *persistence,
-                "--logfile",
-                str(self.dir / f"redis-{self.starts}.log"),
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        client = redis.Redis(port=self.port, socket_timeout=1, socket_connect_timeout=1)
-        try:
-            wait_until(lambda: self._pong(client), 20, "redis-server to answer PING")
-        finally:
-            client.close()
-
-    def _pong(self, client: redis.Redis) -> bool:
-        assert self.proc is not None
-        if self.proc.poll() is not None:
-            log = (self.dir / f"redis-{self.starts}.log").read_text(errors="replace")
-            raise AssertionError(f"redis-server exited with {self.proc.returncode}:\n{log}")
-        try:
-            return bool(client.ping())
-        except (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError):
-            return False
-
-    def stop(self) -> None:
-        """SIGTERM, as ``redis-cli shutdown`` would: the AOF is fsynced before the process ends."""
-        assert self.proc is not None, "not running"
-        self.proc.terminate()
-        code = self.proc.wait(20)
-        self.proc = None
-        assert code == 0, f"redis-server exited with {code} on SIGTERM"
-
-    def freeze(self) -> None:
-        """SIGSTOP: connections stay open but nothing answers (a hung host, a dead network)."""
-        assert self.proc is not None, "not running"
-        self.proc.send_signal(signal.SIGSTOP)
-
-    def thaw(self) -> None:
-        assert self.proc is not None, "not running"
-        self.proc.send_signal(signal.SIGCONT)
-
-    def clients_waiting_in_blmove(self) -> int:
-        """How many clients sit blocked in BLMOVE now (CLIENT LIST: cmd=blmove, flag b)."""
-        client = redis.Redis(port=self.port, socket_timeout=2, socket_connect_timeout=2)
-        try:
-            listing = client.client_list()
-        finally:
-            client.close()
-        return sum(1 for c in listing if c.get("cmd") == "blmove" and "b" in c.get("flags", ""))
-
-    def destroy(self) -> None:
-        if self.proc is not None:
-            self.proc.kill()
-            self.proc.wait(10)
-            self.proc = None
-        shutil.rmtree(self.dir, ignore_errors=True)
 
 
 @pytest.fixture
@@ -171,42 +65,6 @@ def volatile_redis() -> Iterator[ThrowawayRedis]:
 
 
 # -- worker processes ----------------------------------------------------------------------------
-
-
-class Output:
-    """Collects a process's output lines as they come (a thread per process), so the test can
-    wait for a line while the process runs."""
-
-    def __init__(self, proc: subprocess.Popen[str]) -> None:
-        self.lines: list[str] = []
-        self._thread = threading.Thread(target=self._read, args=(proc,), daemon=True)
-        self._thread.start()
-
-    def _read(self, proc: subprocess.Popen[str]) -> None:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            self.lines.append(line.rstrip("\n"))
-
-    def close(self, timeout: float = 10) -> None:
-        self._thread.join(timeout)
-
-    @property
-    def text(self) -> str:
-        return "\n".join(self.lines)
-
-    def notable(self) -> str:
-        """Everything but the per-job lines and the DEBUG ones."""
-        return "\n".join(
-            ln for ln in list(self.lines) if "taskkit.job" not in ln and " DEBUG " not in ln
-        )
-
-    def claim_failures(self, about: str = "") -> int:
-        """Failed claims so far (the first of an outage at ERROR, the retries at DEBUG)."""
-        return sum("taskkit.worker: claim failed" in ln and about in ln for ln in list(self.lines))
-
-    def outage_lines(self) -> list[str]:
-        """What the worker logged above INFO (the broker being unreachable, refused settles)."""
-        return [ln for ln in list(self.lines) if " ERROR " in ln or " WARNING " in ln]
 
 
 TASKS = textwrap.dedent(
@@ -237,10 +95,6 @@ async def _enqueue(url: str, numbers: range) -> None:
 
 def enqueue(url: str, numbers: range) -> None:
     anyio.run(_enqueue, url, numbers)
-
-
-def ledger_runs(ledger: Path) -> Counter[int]:
-    return Counter(int(line.split()[0]) for line in ledger.read_text().splitlines())
 
 
 def left_in_queues(cwd: Path, url: str) -> dict[str, dict[str, int]]:
