@@ -108,6 +108,13 @@ class Job(BaseModel):
 def decode_job(raw: bytes | str) -> Job:
     """Decode a wire payload, raising PayloadInvalid with a reason a person can act on."""
     check_payload_size(len(raw))
+    try:  # the fast path, in pydantic's Rust parser; the slow one below explains failures
+        return Job.model_validate_json(raw)
+    except (ValidationError, ValueError, RecursionError):
+        return _decode_explaining(raw)
+
+
+def _decode_explaining(raw: bytes | str) -> Job:
     if isinstance(raw, bytes):
         try:
             raw = raw.decode("utf-8")

@@ -171,6 +171,8 @@ class Task(Generic[P, R]):
     ) -> tuple[list[Any], dict[str, Any]]:
         """Bind and validate arguments; returns them coerced to the annotated types.
         Raises ArgumentsInvalid naming the argument at fault."""
+        if not args and not kwargs and not self._signature.parameters:
+            return [], {}  # the common no-argument task skips binding
         try:
             bound = self._signature.bind(*args, **kwargs)
         except TypeError as exc:
