@@ -27,6 +27,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -47,6 +48,7 @@ class Report:
     executed_more_than_once: int
     dead: int
     seconds: float
+    runs_before_restart: int | None = None  # executions recorded when the server restarted
 
     @property
     def passed(self) -> bool:
@@ -63,14 +65,18 @@ class Report:
         ]
         lines = [f"{name:<26}{value:>10}" for name, value in rows]
         lines.append(f"{'seconds':<26}{self.seconds:>10.1f}")
+        if self.runs_before_restart is not None:
+            lines.append(f"{'ran before the restart':<26}{self.runs_before_restart:>10}")
         lines.append("PASS" if self.passed else "FAIL")
         return "\n".join(lines)
 
 
 def _start_worker(
-    url: str, ledger: Path, lease: float, concurrency: int, n: int
+    url: str, ledger: Path, lease: float, concurrency: int, n: int, job_seconds: float | None
 ) -> subprocess.Popen[bytes]:
     env = {**os.environ, "CHAOS_LEDGER": str(ledger), "TASKKIT_LOG_LEVEL": "WARNING"}
+    if job_seconds is not None:
+        env["CHAOS_JOB_SECONDS"] = str(job_seconds)
     log = open(ledger.with_name(f"worker-{n}.log"), "wb")
     return subprocess.Popen(
         [
@@ -142,17 +148,20 @@ def run(
     lease: float = 2.0,
     concurrency: int = 10,
     timeout: float = 600.0,
-    restart_server: str | None = None,
+    restart_server: Callable[[], None] | None = None,
     workdir: Path | None = None,
+    job_seconds: float | None = None,
 ) -> Report:
-    """Run the chaos scenario and return its figures."""
+    """Run the chaos scenario and return its figures. ``restart_server`` is called once,
+    halfway through the kills."""
     workdir = workdir or Path(tempfile.mkdtemp(prefix="taskkit-chaos-"))
     ledger = workdir / "ledger.txt"
     ledger.touch()
     started = time.monotonic()
     ids = anyio.run(_enqueue, url, jobs)
-    procs = [_start_worker(url, ledger, lease, concurrency, n) for n in range(workers)]
+    procs = [_start_worker(url, ledger, lease, concurrency, n, job_seconds) for n in range(workers)]
     spawned = workers
+    runs_before_restart: int | None = None
     rng = random.Random(1234)
     try:
         for k in range(kills):
@@ -160,10 +169,11 @@ def run(
             victim = rng.randrange(len(procs))
             procs[victim].send_signal(signal.SIGKILL)
             procs[victim].wait()
-            procs[victim] = _start_worker(url, ledger, lease, concurrency, spawned)
+            procs[victim] = _start_worker(url, ledger, lease, concurrency, spawned, job_seconds)
             spawned += 1
-            if restart_server and k == kills // 2:
-                subprocess.run(restart_server, shell=True, check=True, timeout=120)
+            if restart_server is not None and k == kills // 2:
+                runs_before_restart = sum(_read_ledger(ledger)[0].values())
+                restart_server()
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline and anyio.run(_unfinished, url):
             time.sleep(0.5)
@@ -185,7 +195,12 @@ def run(
         executed_more_than_once=sum(1 for i in ids if runs[i] > 1),
         dead=states["dead"],
         seconds=time.monotonic() - started,
+        runs_before_restart=runs_before_restart,
     )
+
+
+def _shell(command: str) -> Callable[[], None]:
+    return lambda: subprocess.run(command, shell=True, check=True, timeout=120)
 
 
 def main() -> None:
@@ -215,7 +230,7 @@ def main() -> None:
         lease=args.lease,
         concurrency=args.concurrency,
         timeout=args.timeout,
-        restart_server=args.restart_server,
+        restart_server=_shell(args.restart_server) if args.restart_server else None,
     )
     print(json.dumps(report.__dict__) if args.json else report.table())
     raise SystemExit(0 if report.passed else 1)

@@ -29,11 +29,13 @@ class AckLedger(Middleware):
             _append(f"ack {job_id}\n")
 
 
+_SECONDS = float(os.environ["CHAOS_JOB_SECONDS"]) if "CHAOS_JOB_SECONDS" in os.environ else None
+
 router = Router()
 router.use(AckLedger())
 
 
 @router.task(name="chaos.record", max_attempts=25, keep_result=86_400)
 def record(n: int) -> None:
-    time.sleep(0.002 + (n % 7) * 0.002)  # long enough for kills to land mid-job
+    time.sleep(_SECONDS if _SECONDS is not None else 0.002 + (n % 7) * 0.002)  # kills land mid-job
     _append(f"run {current_job().id}\n")
