@@ -11,7 +11,7 @@ import importlib
 import os
 import pkgutil
 import re
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -41,9 +41,7 @@ def _backend_names() -> list[str]:
 
 BACKENDS = _backend_names()
 # Backends a separate process can reach by URL (worker subprocesses, the CLI).
-SERVER_BACKENDS = [
-    name for name in BACKENDS if name in ("sqlite", "redis", "postgres")
-]
+SERVER_BACKENDS = [name for name in BACKENDS if name in ("sqlite", "redis", "postgres")]
 
 
 def _backend_module(name: str) -> Any:
@@ -122,6 +120,40 @@ async def make_broker(space: BrokerSpace) -> AsyncIterator[Callable[[], Awaitabl
 @pytest.fixture
 async def broker(make_broker: Callable[[], Awaitable[Broker]]) -> Broker:
     return await make_broker()
+
+
+@pytest.fixture
+def persistent_redis() -> Iterator[servers.ThrowawayRedis]:
+    """A private redis-server with appendonly yes / appendfsync always, for restart tests."""
+    server = servers.ThrowawayRedis(persistent=True)
+    try:
+        server.start()
+        yield server
+    finally:
+        server.destroy()
+
+
+@pytest.fixture
+def volatile_redis() -> Iterator[servers.ThrowawayRedis]:
+    """A private redis-server that keeps nothing on disk."""
+    server = servers.ThrowawayRedis(persistent=False)
+    try:
+        server.start()
+        yield server
+    finally:
+        server.destroy()
+
+
+@pytest.fixture
+def throwaway_postgres() -> Iterator[servers.ThrowawayPostgres]:
+    """A private PostgreSQL cluster the test may stop and start."""
+    server = servers.ThrowawayPostgres()
+    try:
+        server.init()
+        server.start()
+        yield server
+    finally:
+        server.destroy()
 
 
 @pytest.fixture

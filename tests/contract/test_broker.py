@@ -27,7 +27,9 @@ def job(task: str = "t.noop", **kw: object) -> Job:
     return Job(task=task, **kw)  # type: ignore[arg-type]
 
 
-async def test_claim_moves_job_to_running_and_charges_an_attempt(broker: Broker, clock: FakeClock) -> None:
+async def test_claim_moves_job_to_running_and_charges_an_attempt(
+    broker: Broker, clock: FakeClock
+) -> None:
     now = clock.now()
     [jid] = await broker.enqueue([job(args=[1, "a"], kwargs={"k": {"x": None}})], now)
     [d] = await broker.reserve(["default"], 10, LEASE, 0, now)
@@ -45,7 +47,9 @@ async def test_reserve_on_empty_queue_returns_nothing(broker: Broker, clock: Fak
     assert await broker.reserve(["default"], 5, LEASE, 0.05, clock.now()) == []
 
 
-async def test_exactly_one_of_five_racing_claimers_wins(make_broker: MakeBroker, clock: FakeClock) -> None:
+async def test_exactly_one_of_five_racing_claimers_wins(
+    make_broker: MakeBroker, clock: FakeClock
+) -> None:
     brokers = [await make_broker() for _ in range(5)]
     [jid] = await brokers[0].enqueue([job()], clock.now())
     results: list[list[object]] = []
@@ -61,7 +65,9 @@ async def test_exactly_one_of_five_racing_claimers_wins(make_broker: MakeBroker,
     assert winners[0][0].job_id == jid  # type: ignore[attr-defined]
 
 
-async def test_concurrent_batch_claims_never_share_a_job(make_broker: MakeBroker, clock: FakeClock) -> None:
+async def test_concurrent_batch_claims_never_share_a_job(
+    make_broker: MakeBroker, clock: FakeClock
+) -> None:
     brokers = [await make_broker() for _ in range(4)]
     ids = await brokers[0].enqueue([job(args=[i]) for i in range(60)], clock.now())
     seen: list[str] = []
@@ -76,7 +82,9 @@ async def test_concurrent_batch_claims_never_share_a_job(make_broker: MakeBroker
     assert sorted(seen) == sorted(ids)
 
 
-async def test_reserve_honours_limit_priority_and_run_time(broker: Broker, clock: FakeClock) -> None:
+async def test_reserve_honours_limit_priority_and_run_time(
+    broker: Broker, clock: FakeClock
+) -> None:
     now = clock.now()
     low_old = job(run_at=now - 10)
     low_new = job(run_at=now - 5)
@@ -109,7 +117,9 @@ async def test_scheduled_job_waits_for_its_run_time(broker: Broker, clock: FakeC
     assert d.job_id == jid
 
 
-async def test_waiting_reserve_wakes_when_a_job_arrives(make_broker: MakeBroker, clock: FakeClock) -> None:
+async def test_waiting_reserve_wakes_when_a_job_arrives(
+    make_broker: MakeBroker, clock: FakeClock
+) -> None:
     consumer, producer = await make_broker(), await make_broker()
     got: list[str] = []
 
@@ -124,7 +134,9 @@ async def test_waiting_reserve_wakes_when_a_job_arrives(make_broker: MakeBroker,
     assert got == [jid]
 
 
-async def test_expired_lease_is_reclaimed_with_a_new_token(make_broker: MakeBroker, clock: FakeClock) -> None:
+async def test_expired_lease_is_reclaimed_with_a_new_token(
+    make_broker: MakeBroker, clock: FakeClock
+) -> None:
     dead_worker, live_worker = await make_broker(), await make_broker()
     [jid] = await dead_worker.enqueue([job()], clock.now())
     [old] = await dead_worker.reserve(["default"], 1, 10, 0, clock.now())
@@ -139,7 +151,9 @@ async def test_expired_lease_is_reclaimed_with_a_new_token(make_broker: MakeBrok
     assert await dead_worker.reclaim_expired(["default"], 10, 100, clock.now()) == []
 
 
-async def test_heartbeat_keeps_a_long_job_from_being_reclaimed(make_broker: MakeBroker, clock: FakeClock) -> None:
+async def test_heartbeat_keeps_a_long_job_from_being_reclaimed(
+    make_broker: MakeBroker, clock: FakeClock
+) -> None:
     worker, other = await make_broker(), await make_broker()
     await worker.enqueue([job()], clock.now())
     [d] = await worker.reserve(["default"], 1, 10, 0, clock.now())
@@ -148,7 +162,9 @@ async def test_heartbeat_keeps_a_long_job_from_being_reclaimed(make_broker: Make
     assert await worker.settle([(d.lease, Complete())], clock.now()) == [True]
 
 
-async def test_crash_between_claim_and_ack_loses_nothing(make_broker: MakeBroker, clock: FakeClock) -> None:
+async def test_crash_between_claim_and_ack_loses_nothing(
+    make_broker: MakeBroker, clock: FakeClock
+) -> None:
     crashed = await make_broker()
     [jid] = await crashed.enqueue([job()], clock.now())
     await crashed.reserve(["default"], 1, 10, 0, clock.now())
@@ -157,7 +173,9 @@ async def test_crash_between_claim_and_ack_loses_nothing(make_broker: MakeBroker
     assert await restarted.reserve(["default"], 1, 10, 0, clock.now()) == []
     [d] = await restarted.reclaim_expired(["default"], 10, 10, clock.advance(11))
     assert d.job_id == jid
-    assert await restarted.settle([(d.lease, Retry(clock.now(), "lease expired"))], clock.now()) == [True]
+    assert await restarted.settle(
+        [(d.lease, Retry(clock.now(), "lease expired"))], clock.now()
+    ) == [True]
     [again] = await restarted.reserve(["default"], 1, 10, 0, clock.now())
     assert again.job_id == jid and again.attempts == 2
 
@@ -193,7 +211,9 @@ async def test_settle_applies_a_mixed_batch(broker: Broker, clock: FakeClock) ->
     assert ic is not None and ic.state is JobState.DEAD and ic.last_error == "fatal"
 
 
-async def test_complete_without_keeping_the_result_leaves_no_active_job(broker: Broker, clock: FakeClock) -> None:
+async def test_complete_without_keeping_the_result_leaves_no_active_job(
+    broker: Broker, clock: FakeClock
+) -> None:
     [jid] = await broker.enqueue([job()], clock.now())
     [d] = await broker.reserve(["default"], 1, LEASE, 0, clock.now())
     assert await broker.settle([(d.lease, Complete())], clock.now()) == [True]
@@ -212,7 +232,9 @@ async def test_kept_result_expires(broker: Broker, clock: FakeClock) -> None:
     assert await broker.get_job(jid, clock.advance(31)) is None
 
 
-async def test_retry_waits_for_its_time_and_keeps_the_error(broker: Broker, clock: FakeClock) -> None:
+async def test_retry_waits_for_its_time_and_keeps_the_error(
+    broker: Broker, clock: FakeClock
+) -> None:
     [jid] = await broker.enqueue([job()], clock.now())
     [d] = await broker.reserve(["default"], 1, LEASE, 0, clock.now())
     await broker.settle([(d.lease, Retry(clock.now() + 5, "ValueError: boom"))], clock.now())
@@ -223,7 +245,9 @@ async def test_retry_waits_for_its_time_and_keeps_the_error(broker: Broker, cloc
     assert info is not None and info.last_error == "ValueError: boom"
 
 
-async def test_retry_without_charge_gives_the_attempt_back(broker: Broker, clock: FakeClock) -> None:
+async def test_retry_without_charge_gives_the_attempt_back(
+    broker: Broker, clock: FakeClock
+) -> None:
     [jid] = await broker.enqueue([job()], clock.now())
     [d] = await broker.reserve(["default"], 1, LEASE, 0, clock.now())
     await broker.settle([(d.lease, Retry(clock.now(), None, charge_attempt=False))], clock.now())
@@ -231,7 +255,9 @@ async def test_retry_without_charge_gives_the_attempt_back(broker: Broker, clock
     assert again.attempts == 1
 
 
-async def test_release_hands_the_job_back_without_charging(broker: Broker, clock: FakeClock) -> None:
+async def test_release_hands_the_job_back_without_charging(
+    broker: Broker, clock: FakeClock
+) -> None:
     [jid] = await broker.enqueue([job()], clock.now())
     [d] = await broker.reserve(["default"], 1, LEASE, 0, clock.now())
     await broker.release([d.lease], clock.now())
@@ -286,7 +312,9 @@ async def test_dead_letters_are_listed_with_their_error(broker: Broker, clock: F
     assert (await broker.stats(now))["mail"].dead == 1
 
 
-async def test_requeue_only_revives_dead_jobs_and_resets_attempts(broker: Broker, clock: FakeClock) -> None:
+async def test_requeue_only_revives_dead_jobs_and_resets_attempts(
+    broker: Broker, clock: FakeClock
+) -> None:
     now = clock.now()
     dead_job, pending_job = job(), job()
     await broker.enqueue([dead_job], now)
@@ -296,7 +324,9 @@ async def test_requeue_only_revives_dead_jobs_and_resets_attempts(broker: Broker
     assert await broker.requeue_dead([pending_job.id, dead_job.id], None, now) == [dead_job.id]
     info = await broker.get_job(dead_job.id, now)
     assert info is not None and info.state is JobState.PENDING and info.attempts == 0
-    assert await broker.requeue_dead([dead_job.id], None, now) == [], "a pending job is not requeued"
+    assert await broker.requeue_dead([dead_job.id], None, now) == [], (
+        "a pending job is not requeued"
+    )
 
 
 async def test_requeue_all_and_purge_dead_by_queue(broker: Broker, clock: FakeClock) -> None:
@@ -312,7 +342,9 @@ async def test_requeue_all_and_purge_dead_by_queue(broker: Broker, clock: FakeCl
     assert await broker.get_job(jobs[2].id, now) is None
 
 
-async def test_paused_queue_accepts_jobs_but_is_not_served(broker: Broker, clock: FakeClock) -> None:
+async def test_paused_queue_accepts_jobs_but_is_not_served(
+    broker: Broker, clock: FakeClock
+) -> None:
     now = clock.now()
     await broker.set_paused("default", True)
     [jid] = await broker.enqueue([job()], now)
@@ -332,7 +364,9 @@ async def test_stats_count_every_state(broker: Broker, clock: FakeClock) -> None
     assert (st.ready, st.scheduled, st.running, st.dead, st.paused) == (1, 1, 1, 1, False)
 
 
-async def test_foreign_payload_is_delivered_even_when_it_does_not_decode(broker: Broker, clock: FakeClock) -> None:
+async def test_foreign_payload_is_delivered_even_when_it_does_not_decode(
+    broker: Broker, clock: FakeClock
+) -> None:
     good = await broker.enqueue_raw("default", '{"task": "t.noop", "args": [1]}', clock.now())
     bad = await broker.enqueue_raw("default", b"{not json", clock.now())
     got = {d.job_id: d for d in await broker.reserve(["default"], 5, LEASE, 0, clock.now())}

@@ -33,7 +33,9 @@ async def drain(router: Router, broker: Broker, clock: Any, **settings: Any) -> 
     return worker
 
 
-async def test_handler_return_completes_the_job_and_keeps_its_result(broker: Broker, clock: FakeClock) -> None:
+async def test_handler_return_completes_the_job_and_keeps_its_result(
+    broker: Broker, clock: FakeClock
+) -> None:
     router = Router()
     threads: list[str] = []
 
@@ -57,7 +59,9 @@ async def test_handler_return_completes_the_job_and_keeps_its_result(broker: Bro
     assert info is not None and info.state is JobState.DONE and info.attempts == 1
 
 
-async def test_failures_follow_the_backoff_schedule_then_go_dead(broker: Broker, clock: FakeClock) -> None:
+async def test_failures_follow_the_backoff_schedule_then_go_dead(
+    broker: Broker, clock: FakeClock
+) -> None:
     router = Router()
     runs: list[float] = []
 
@@ -73,13 +77,17 @@ async def test_failures_follow_the_backoff_schedule_then_go_dead(broker: Broker,
         info = await handle.info()
         assert info is not None and info.state is JobState.SCHEDULED
         assert info.run_at == pytest.approx(clock.now() + expected_delay)
-        assert info.last_error is not None and info.last_error.startswith("ValueError: upstream said no")
+        assert info.last_error is not None and info.last_error.startswith(
+            "ValueError: upstream said no"
+        )
         clock.advance(expected_delay)
     await drain(router, broker, clock)
     info = await handle.info()
     assert info is not None and info.state is JobState.DEAD and info.attempts == 3
     assert info.last_error is not None
-    assert "ValueError: upstream said no" in info.last_error and "gave up after 3" in info.last_error
+    assert (
+        "ValueError: upstream said no" in info.last_error and "gave up after 3" in info.last_error
+    )
     assert 'File "' in info.last_error, "the traceback is kept"
     assert [r - start for r in runs] == [0, 5, 15]
 
@@ -97,7 +105,9 @@ async def test_an_error_marked_dead_on_skips_the_retries(broker: Broker, clock: 
     assert info is not None and info.state is JobState.DEAD and info.attempts == 1
 
 
-async def test_a_hung_handler_is_cancelled_at_its_deadline_and_retried(broker: Broker, clock: FakeClock) -> None:
+async def test_a_hung_handler_is_cancelled_at_its_deadline_and_retried(
+    broker: Broker, clock: FakeClock
+) -> None:
     router = Router()
 
     @router.task(timeout=0.2, max_attempts=5)
@@ -111,7 +121,9 @@ async def test_a_hung_handler_is_cancelled_at_its_deadline_and_retried(broker: B
     assert info.last_error is not None and info.last_error.startswith("JobTimeout")
 
 
-async def test_an_unregistered_task_is_dead_at_once_with_the_reason(broker: Broker, clock: FakeClock) -> None:
+async def test_an_unregistered_task_is_dead_at_once_with_the_reason(
+    broker: Broker, clock: FakeClock
+) -> None:
     router = Router()
 
     @router.task
@@ -139,8 +151,18 @@ async def test_an_unregistered_task_is_dead_at_once_with_the_reason(broker: Brok
         (b"[" * 100_000 + b"]" * 100_000, "nested too deeply"),
         (rb'{"task": "calc\u0007add\u0000", "args": [1, 2]}', "task name"),
     ],
-    ids=["malformed", "array", "no-task", "args-not-list", "not-utf8", "wrong-type",
-         "too-many-args", "10MB", "deep-nesting", "control-chars"],
+    ids=[
+        "malformed",
+        "array",
+        "no-task",
+        "args-not-list",
+        "not-utf8",
+        "wrong-type",
+        "too-many-args",
+        "10MB",
+        "deep-nesting",
+        "control-chars",
+    ],
 )
 async def test_bad_payloads_go_dead_with_a_reason_and_the_worker_keeps_going(
     broker: Broker, clock: FakeClock, payload: bytes, reason: str
@@ -185,7 +207,9 @@ async def test_an_exception_whose_str_raises_is_still_recorded(
     assert info.last_error is not None and info.last_error.startswith("Nasty: <str() of the")
 
 
-async def test_a_foreign_minimal_payload_runs_with_the_defaults_filled(broker: Broker, clock: FakeClock) -> None:
+async def test_a_foreign_minimal_payload_runs_with_the_defaults_filled(
+    broker: Broker, clock: FakeClock
+) -> None:
     router = Router()
     seen: list[Any] = []
 
@@ -200,7 +224,9 @@ async def test_a_foreign_minimal_payload_runs_with_the_defaults_filled(broker: B
     assert seen == [("a@example.com", "hi")]
 
 
-async def test_a_dead_workers_job_is_recovered_by_another_worker(make_broker: MakeBroker, clock: FakeClock) -> None:
+async def test_a_dead_workers_job_is_recovered_by_another_worker(
+    make_broker: MakeBroker, clock: FakeClock
+) -> None:
     router = Router()
     ran: list[int] = []
 
@@ -220,7 +246,9 @@ async def test_a_dead_workers_job_is_recovered_by_another_worker(make_broker: Ma
     assert ran == [7]
 
 
-async def test_an_orphan_that_used_its_last_attempt_goes_dead(make_broker: MakeBroker, clock: FakeClock) -> None:
+async def test_an_orphan_that_used_its_last_attempt_goes_dead(
+    make_broker: MakeBroker, clock: FakeClock
+) -> None:
     router = Router()
 
     @router.task(name="once", max_attempts=1)
@@ -245,7 +273,9 @@ async def test_the_recovery_loop_stops_when_told(broker: Broker, clock: FakeCloc
             worker.stop()
 
 
-async def test_shutdown_hands_a_running_job_back_without_charging(broker: Broker, clock: FakeClock) -> None:
+async def test_shutdown_hands_a_running_job_back_without_charging(
+    broker: Broker, clock: FakeClock
+) -> None:
     router = Router()
     started = anyio.Event()
 
@@ -265,7 +295,9 @@ async def test_shutdown_hands_a_running_job_back_without_charging(broker: Broker
     assert info is not None and info.state is JobState.PENDING and info.attempts == 0
 
 
-async def test_shutdown_lets_a_job_finish_within_the_grace_period(broker: Broker, clock: FakeClock) -> None:
+async def test_shutdown_lets_a_job_finish_within_the_grace_period(
+    broker: Broker, clock: FakeClock
+) -> None:
     router = Router()
     started = anyio.Event()
 

@@ -13,6 +13,23 @@ from pathlib import Path
 
 TASKKIT = [sys.executable, "-m", "taskkit.cli"]
 
+# A task module for worker subprocesses: ledger.record(n) appends "<n> <pid>" to $LEDGER, after
+# sleeping $LEDGER_SLEEP seconds (so restarts and kills land mid-drain). O_APPEND writes of one
+# short line are atomic, so processes can share the ledger.
+LEDGER_TASKS = """
+import os, time
+from taskkit import Router
+
+router = Router()
+
+@router.task(name="ledger.record")
+def record(n: int) -> None:
+    time.sleep(float(os.environ.get("LEDGER_SLEEP", "0")))
+    fd = os.open(os.environ["LEDGER"], os.O_WRONLY | os.O_APPEND)
+    os.write(fd, f"{n} {os.getpid()}\\n".encode())
+    os.close(fd)
+"""
+
 
 def start_worker(
     app: str, url: str, cwd: Path, *args: str, worker_id: str, log: Path | None = None

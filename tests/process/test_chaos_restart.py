@@ -3,7 +3,6 @@ PostgreSQL restart, on servers the test owns. Nothing may be lost or completed t
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import anyio
@@ -16,27 +15,6 @@ from tests.servers import ThrowawayPostgres, ThrowawayRedis
 pytestmark = pytest.mark.anyio
 
 
-@pytest.fixture
-def redis_server() -> Iterator[ThrowawayRedis]:
-    server = ThrowawayRedis(persistent=True)  # appendonly yes, appendfsync always
-    try:
-        server.start()
-        yield server
-    finally:
-        server.destroy()
-
-
-@pytest.fixture
-def postgres_server() -> Iterator[ThrowawayPostgres]:
-    server = ThrowawayPostgres()
-    try:
-        server.init()
-        server.start()
-        yield server
-    finally:
-        server.destroy()
-
-
 def check(report: Report) -> None:
     table = report.table()
     assert report.runs_before_restart is not None, table
@@ -46,12 +24,12 @@ def check(report: Report) -> None:
     assert report.completed == report.enqueued == 1200 and report.dead == 0, table
 
 
-async def test_chaos_with_a_redis_restart(redis_server: ThrowawayRedis, tmp_path: Path) -> None:
+async def test_chaos_with_a_redis_restart(persistent_redis: ThrowawayRedis, tmp_path: Path) -> None:
     def restart() -> None:
-        redis_server.stop()
-        redis_server.start()
+        persistent_redis.stop()
+        persistent_redis.start()
 
-    url = redis_server.url + "?prefix=chaos"
+    url = persistent_redis.url + "?prefix=chaos"
     report = await anyio.to_thread.run_sync(
         lambda: run(
             url,
@@ -71,14 +49,14 @@ async def test_chaos_with_a_redis_restart(redis_server: ThrowawayRedis, tmp_path
 
 
 async def test_chaos_with_a_postgres_restart(
-    postgres_server: ThrowawayPostgres, tmp_path: Path
+    throwaway_postgres: ThrowawayPostgres, tmp_path: Path
 ) -> None:
-    url = postgres_server.url + "?schema=chaos"
+    url = throwaway_postgres.url + "?schema=chaos"
     await PostgresBroker(url).migrate()
 
     def restart() -> None:
-        postgres_server.stop("fast")
-        postgres_server.start()
+        throwaway_postgres.stop("fast")
+        throwaway_postgres.start()
 
     report = await anyio.to_thread.run_sync(
         lambda: run(

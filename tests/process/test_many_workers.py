@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import signal
-import textwrap
 from collections import Counter
 from pathlib import Path
 
@@ -13,36 +12,20 @@ import pytest
 from taskkit import App, Job
 from tests.backends import BrokerSpace
 
-from .helpers import run_cli, start_worker, wait_until
+from .helpers import LEDGER_TASKS, run_cli, start_worker, wait_until
 
 pytestmark = pytest.mark.anyio
-
-TASKS = textwrap.dedent(
-    """
-    import os, time
-    from taskkit import Router
-
-    router = Router()
-
-    @router.task(name="ledger.record")
-    def record(n: int) -> None:
-        time.sleep(0.005)  # long enough that one worker cannot take the whole queue alone
-        # O_APPEND writes of one short line are atomic, so processes can share the ledger.
-        fd = os.open(os.environ["LEDGER"], os.O_WRONLY | os.O_APPEND)
-        os.write(fd, f"{n} {os.getpid()}\\n".encode())
-        os.close(fd)
-    """
-)
 
 
 async def test_three_workers_share_one_queue_without_running_a_job_twice(
     server_space: BrokerSpace, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     assert server_space.url is not None
-    (tmp_path / "ledgertasks.py").write_text(TASKS)
+    (tmp_path / "ledgertasks.py").write_text(LEDGER_TASKS)
     ledger = tmp_path / "ledger.txt"
     ledger.touch()
     monkeypatch.setenv("LEDGER", str(ledger))
+    monkeypatch.setenv("LEDGER_SLEEP", "0.005")  # restarts and kills land mid-drain
     logs = [tmp_path / f"w{i}.log" for i in range(3)]
     workers = [
         start_worker(

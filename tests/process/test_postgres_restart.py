@@ -14,9 +14,7 @@ from __future__ import annotations
 
 import json
 import signal
-import textwrap
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,41 +26,13 @@ from brokers.postgres import PostgresBroker, parse_url
 from taskkit import App, Job
 from tests.servers import ThrowawayPostgres
 
-from .helpers import Output, ledger_runs, run_cli, start_worker, wait_until
+from .helpers import LEDGER_TASKS, Output, ledger_runs, run_cli, start_worker, wait_until
 
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture
-def throwaway_postgres() -> Iterator[ThrowawayPostgres]:
-    server = ThrowawayPostgres()
-    try:
-        server.init()
-        server.start()
-        yield server
-    finally:
-        server.destroy()
-
-
 # -- worker processes ----------------------------------------------------------------------------
 
-
-TASKS = textwrap.dedent(
-    """
-    import os, time
-    from taskkit import Router
-
-    router = Router()
-
-    @router.task(name="ledger.record")
-    def record(n: int) -> None:
-        time.sleep(0.05)  # long enough that the restart lands mid-drain
-        # O_APPEND writes of one short line are atomic, so processes can share the ledger.
-        fd = os.open(os.environ["LEDGER"], os.O_WRONLY | os.O_APPEND)
-        os.write(fd, f"{n} {os.getpid()}\\n".encode())
-        os.close(fd)
-    """
-)
 
 JOBS = 300
 
@@ -119,10 +89,11 @@ def test_workers_survive_a_server_restart_and_lose_no_job(
     assert migrated.returncode == 0, migrated.stderr
     anyio.run(_enqueue, url, JOBS)
 
-    (tmp_path / "ledgertasks.py").write_text(TASKS)
+    (tmp_path / "ledgertasks.py").write_text(LEDGER_TASKS)
     ledger = tmp_path / "ledger.txt"
     ledger.touch()
     monkeypatch.setenv("LEDGER", str(ledger))
+    monkeypatch.setenv("LEDGER_SLEEP", "0.05")  # restarts and kills land mid-drain
     # A short lease: a claim whose answer the restart swallowed is reclaimed within seconds.
     workers = [
         start_worker(

@@ -25,9 +25,7 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
-import textwrap
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import anyio
@@ -37,52 +35,15 @@ from brokers.redis import RedisBroker
 from taskkit import App, Job
 from tests.servers import ThrowawayRedis
 
-from .helpers import Output, ledger_runs, run_cli, start_worker, wait_until
+from .helpers import LEDGER_TASKS, Output, ledger_runs, run_cli, start_worker, wait_until
 
 pytestmark = pytest.mark.slow
 
 # -- a Redis server owned by the test ------------------------------------------------------------
 
 
-@pytest.fixture
-def persistent_redis() -> Iterator[ThrowawayRedis]:
-    server = ThrowawayRedis(persistent=True)
-    try:
-        server.start()
-        yield server
-    finally:
-        server.destroy()
-
-
-@pytest.fixture
-def volatile_redis() -> Iterator[ThrowawayRedis]:
-    server = ThrowawayRedis(persistent=False)
-    try:
-        server.start()
-        yield server
-    finally:
-        server.destroy()
-
-
 # -- worker processes ----------------------------------------------------------------------------
 
-
-TASKS = textwrap.dedent(
-    """
-    import os, time
-    from taskkit import Router
-
-    router = Router()
-
-    @router.task(name="ledger.record")
-    def record(n: int) -> None:
-        time.sleep(0.03)  # long enough that the restart lands mid-drain
-        # O_APPEND writes of one short line are atomic, so processes can share the ledger.
-        fd = os.open(os.environ["LEDGER"], os.O_WRONLY | os.O_APPEND)
-        os.write(fd, f"{n} {os.getpid()}\\n".encode())
-        os.close(fd)
-    """
-)
 
 JOBS = 300
 PREFIX = "restart"
@@ -115,10 +76,11 @@ def idle(cwd: Path, url: str) -> bool:
 def start_workers(
     count: int, url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> tuple[Path, list[subprocess.Popen[str]], list[Output]]:
-    (tmp_path / "ledgertasks.py").write_text(TASKS)
+    (tmp_path / "ledgertasks.py").write_text(LEDGER_TASKS)
     ledger = tmp_path / "ledger.txt"
     ledger.touch()
     monkeypatch.setenv("LEDGER", str(ledger))
+    monkeypatch.setenv("LEDGER_SLEEP", "0.03")  # restarts and kills land mid-drain
     # A short lease: a claim whose answer the restart swallowed is reclaimed within seconds.
     workers = [
         start_worker(

@@ -15,7 +15,9 @@ def test_url_precedence_flag_then_env_then_default(monkeypatch: pytest.MonkeyPat
     assert resolve_broker_url("memory://flag") == "memory://flag"
 
 
-def test_the_default_broker_is_sqlite_in_the_working_directory(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_default_broker_is_sqlite_in_the_working_directory(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     monkeypatch.delenv("TASKKIT_BROKER_URL", raising=False)
     broker = broker_from_url()
     assert isinstance(broker, SqliteBroker) and broker.path.endswith("/taskkit.db")
@@ -37,8 +39,10 @@ def test_a_url_without_scheme_is_one_clear_error() -> None:
     ("url", "shown"),
     [
         ("redis://:s3cret@127.0.0.1:6379/0", "redis://:***@127.0.0.1:6379/0"),
-        ("postgresql://app:s3cret@127.0.0.1/db?sslmode=require",
-         "postgresql://app:***@127.0.0.1/db?sslmode=require"),
+        (
+            "postgresql://app:s3cret@127.0.0.1/db?sslmode=require",
+            "postgresql://app:***@127.0.0.1/db?sslmode=require",
+        ),
         ("redis://127.0.0.1:6379/0", "redis://127.0.0.1:6379/0"),
         ("redis://u:s3cret@[::1]:99999/0", "redis://***"),
     ],

@@ -12,7 +12,13 @@ from taskkit.job import Job, decode_job, peek_task, validate_queue_name
 
 def test_the_minimal_foreign_form_gets_the_defaults() -> None:
     job = decode_job(b'{"task": "emails.send", "args": ["a@b"], "kwargs": {}}')
-    assert (job.task, job.args, job.queue, job.priority, job.v) == ("emails.send", ["a@b"], "default", 0, 1)
+    assert (job.task, job.args, job.queue, job.priority, job.v) == (
+        "emails.send",
+        ["a@b"],
+        "default",
+        0,
+        1,
+    )
     assert len(job.id) == 32 and job.max_attempts is None and job.run_at is None
 
 
@@ -55,8 +61,13 @@ def test_the_decoder_never_raises_anything_but_payload_invalid(raw: bytes) -> No
         pass
 
 
-@given(st.recursive(st.none() | st.booleans() | st.integers() | st.text(),
-                    lambda c: st.lists(c) | st.dictionaries(st.text(), c), max_leaves=20))
+@given(
+    st.recursive(
+        st.none() | st.booleans() | st.integers() | st.text(),
+        lambda c: st.lists(c) | st.dictionaries(st.text(), c),
+        max_leaves=20,
+    )
+)
 def test_any_json_value_as_args_round_trips(value: object) -> None:
     job = Job(task="t", args=[value])
     assert decode_job(job.to_wire()).args == [value]

@@ -146,17 +146,25 @@ async def test_0002_upgrades_a_0001_schema_with_live_jobs(bare_url: str) -> None
         await conn.execute(
             f"INSERT INTO {jobs} (id, state, payload, run_at, enqueued_at) VALUES ($1, 'pending',"
             " $2, $3, $3)",
-            pending.id, pending.to_wire(), now,
+            pending.id,
+            pending.to_wire(),
+            now,
         )
         await conn.execute(
             f"INSERT INTO {jobs} (id, state, payload, run_at, enqueued_at, dedupe_key, attempts,"
             " lease_token, lease_until) VALUES ($1, 'running', $2, $3, $3, 'k', 1, 'tok', $4)",
-            running.id, running.to_wire(), now, now + 30,
+            running.id,
+            running.to_wire(),
+            now,
+            now + 30,
         )
         await conn.execute(
             f"INSERT INTO {jobs} (id, state, payload, run_at, enqueued_at, result, expires_at,"
             " finished_at) VALUES ($1, 'done', $2, $3, $3, '\"ok\"', $4, $3)",
-            kept.id, kept.to_wire(), now, now + 60,
+            kept.id,
+            kept.to_wire(),
+            now,
+            now + 60,
         )
     finally:
         await conn.close()
@@ -336,7 +344,10 @@ async def test_the_sql_enqueue_function_called_from_psql_makes_a_runnable_job(ur
     job = decode_job(d.payload)
     assert d.job_id == first == job.id
     assert (job.task, job.args, job.kwargs, job.queue) == (
-        "emails.send", ["a@example.com"], {"subject": "hi"}, "mail",
+        "emails.send",
+        ["a@example.com"],
+        {"subject": "hi"},
+        "mail",
     )
     assert info is not None and info.task == "emails.send" and info.dedupe_key == "welcome:1"
 

@@ -88,6 +88,14 @@ def test_pydantic_models_travel_as_json_and_come_back_as_models() -> None:
 
 def test_options_override_per_call_and_keep_the_task() -> None:
     t = Router().task(queue="a", priority=1)(fetch)
-    job = t.options(queue="b", delay=10, dedupe_key="k", max_attempts=2).build_job(("u",), {}, 100.0)
-    assert (job.queue, job.run_at, job.dedupe_key, job.max_attempts, job.priority) == ("b", 110.0, "k", 2, 1)
+    job = t.options(queue="b", delay=10, dedupe_key="k", max_attempts=2).build_job(
+        ("u",), {}, 100.0
+    )
+    assert (job.queue, job.run_at, job.dedupe_key, job.max_attempts, job.priority) == (
+        "b",
+        110.0,
+        "k",
+        2,
+        1,
+    )
     assert t.build_job(("u",), {}, 0.0).queue == "a"
