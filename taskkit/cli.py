@@ -1,12 +1,17 @@
 """The ``taskkit`` command.
 
     taskkit worker APP [--broker URL] [--queues a,b] [--concurrency N] [--lease S] [--burst]
+                       [--grace S] [--worker-id ID] [--metrics-port N]
     taskkit enqueue APP TASK [--args JSON] [--kwargs JSON] [--delay S] [--queue Q]
                              [--dedupe-key K] [--broker URL]
+    taskkit job ID [--json]            taskkit cancel ID
     taskkit info [--broker URL] [--json]
     taskkit dead list|requeue|purge [--broker URL] [--queue Q] [--id ID] [--all] [--json]
     taskkit pause|resume QUEUE [--broker URL]
+    taskkit schedule list APP [--json]
     taskkit migrate [--broker URL]
+
+Every command also takes ``--log-level`` and ``--log-format text|json``.
 
 APP is ``module:attribute`` naming a Router or an App. The broker URL comes from ``--broker``,
 else ``TASKKIT_BROKER_URL``, else ``sqlite:///taskkit.db``. Every failure is one line on stderr.
