@@ -2,8 +2,10 @@
 
 One worker process runs these loops side by side on anyio:
 
-- claim: reserve as many jobs as there are free slots (one broker call for the batch) and start
-  each in the jobs task group; async tasks run on the event loop, plain functions in threads;
+- claim: reserve as many jobs as there are free slots (one broker call for the batch) and hand
+  them to ``concurrency`` runner tasks; async tasks run on the event loop, plain functions in
+  threads;
+- periodic tasks: enqueue each due tick (see taskkit.schedule);
 - settle: outcomes queue up and are written in batches, one broker call per batch;
 - heartbeat: every ``heartbeat_every`` seconds, extend every running job's lease in one call,
   and cancel any job whose lease was lost (another worker has it now);
