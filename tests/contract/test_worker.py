@@ -16,7 +16,8 @@ from taskkit.app import App
 from taskkit.broker import Broker
 from taskkit.clock import SystemClock
 from taskkit.errors import EnqueueError
-from taskkit.job import JobState
+from taskkit.job import Job, JobState
+from taskkit.middleware import Middleware
 from taskkit.testing import FakeClock
 
 pytestmark = pytest.mark.anyio
@@ -264,13 +265,48 @@ async def test_an_orphan_that_used_its_last_attempt_goes_dead(
     assert info.last_error is not None and "LeaseExpired" in info.last_error
 
 
-async def test_the_recovery_loop_stops_when_told(broker: Broker, clock: FakeClock) -> None:
-    worker = Worker(Router(), broker, WorkerSettings(recovery_every=0.05, poll_wait=0.05), clock)
+async def test_the_recovery_loop_reclaims_and_stops_when_told(
+    make_broker: MakeBroker, clock: FakeClock
+) -> None:
+    """Seed 003's reaper: it takes back an orphan while it runs, and returns once stopped."""
+    crashed, broker = await make_broker(), await make_broker()
+    [orphan] = await crashed.enqueue([Job(task="nobody.runs.this", queue="other")], clock.now())
+    await crashed.reserve(["other"], 1, 10, 0, clock.now())
+    router = Router()
+    claiming = anyio.Event()
+
+    class FirstClaim(Middleware):
+        def after_claim(self, worker: Worker, count: int, seconds: float) -> None:
+            claiming.set()  # start-up recovery is over: what is reclaimed now, the loop did
+
+    router.use(FirstClaim())
+
+    @router.task(name="idle", queue="other")
+    async def idle() -> None: ...
+
+    settings = WorkerSettings(recovery_every=0.02, poll_wait=0.02, lease_for=10)
+    worker = Worker(router, broker, settings, clock)
+    finished = False
+
+    async def run() -> None:
+        nonlocal finished
+        await worker.run()
+        finished = True
+
     with anyio.fail_after(5):
         async with anyio.create_task_group() as tg:
-            tg.start_soon(worker.run)
-            await anyio.sleep(0.2)
+            tg.start_soon(run)
+            await claiming.wait()
+            clock.advance(11)  # now the orphan's lease has run out: only the loop can see it
+            while (info := await broker.get_job(orphan, clock.now())) is None or (
+                info.state is not JobState.DEAD
+            ):
+                await anyio.sleep(0.02)
             worker.stop()
+    assert finished and worker.stopping
+    info = await broker.get_job(orphan, clock.now())
+    assert info is not None and info.state is JobState.DEAD
+    assert info.last_error is not None and "UnknownTask" in info.last_error
 
 
 async def test_shutdown_hands_a_running_job_back_without_charging(
