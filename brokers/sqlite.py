@@ -197,7 +197,6 @@ class SqliteBroker(Broker):
     ) -> list[Delivery]:
         started = time.monotonic()
         deadline = started + max(0.0, wait)
-        version = await self._call(_data_version)
         pause = _POLL_MIN
         while True:
             claim = functools.partial(
@@ -207,7 +206,7 @@ class SqliteBroker(Broker):
                 lease_for=lease_for,
                 now=now + (time.monotonic() - started),
             )
-            got = await self._call(claim)
+            got, version = await self._call(claim)
             if got or time.monotonic() >= deadline:
                 return got
             # Sleep until someone in this process enqueues, or poll for other processes' commits.
@@ -233,7 +232,9 @@ class SqliteBroker(Broker):
         limit: int,
         lease_for: float,
         now: float,
-    ) -> list[Delivery]:
+    ) -> tuple[list[Delivery], int]:
+        """The claimed jobs, and the data_version the claim saw (read under the write lock, so
+        no other commit can slip in between; a waiting reserve watches it for new work)."""
         out: list[Delivery] = []
         with _immediate(conn):
             for queue in queues:
@@ -252,7 +253,8 @@ class SqliteBroker(Broker):
                 ).fetchall()
                 rows.sort(key=lambda r: (-r[6], r[7], r[8]))  # RETURNING has no order
                 out.extend(Delivery(Lease(r[0], r[4], r[1]), r[2], r[3], r[5]) for r in rows)
-        return out
+            version = _data_version(conn)
+        return out, version
 
     async def extend(self, leases: Sequence[Lease], lease_for: float, now: float) -> list[Lease]:
         if not leases:
