@@ -24,7 +24,7 @@ from tests.backends import BrokerSpace
 
 
 def _backend_names() -> list[str]:
-    found = []
+    found: list[str] = []
     for info in pkgutil.iter_modules(backends.__path__):
         module = importlib.import_module(f"tests.backends.{info.name}")
         names = getattr(module, "NAMES", None) or [module.NAME]
@@ -125,35 +125,22 @@ async def broker(make_broker: Callable[[], Awaitable[Broker]]) -> Broker:
 @pytest.fixture
 def persistent_redis() -> Iterator[servers.ThrowawayRedis]:
     """A private redis-server with appendonly yes / appendfsync always, for restart tests."""
-    server = servers.ThrowawayRedis(persistent=True)
-    try:
-        server.start()
+    with servers.ThrowawayRedis(persistent=True) as server:
         yield server
-    finally:
-        server.destroy()
 
 
 @pytest.fixture
 def volatile_redis() -> Iterator[servers.ThrowawayRedis]:
     """A private redis-server that keeps nothing on disk."""
-    server = servers.ThrowawayRedis(persistent=False)
-    try:
-        server.start()
+    with servers.ThrowawayRedis(persistent=False) as server:
         yield server
-    finally:
-        server.destroy()
 
 
 @pytest.fixture
 def throwaway_postgres() -> Iterator[servers.ThrowawayPostgres]:
     """A private PostgreSQL cluster the test may stop and start."""
-    server = servers.ThrowawayPostgres()
-    try:
-        server.init()
-        server.start()
+    with servers.ThrowawayPostgres() as server:
         yield server
-    finally:
-        server.destroy()
 
 
 @pytest.fixture

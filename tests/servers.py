@@ -149,6 +149,13 @@ class ThrowawayRedis:
             client.close()
         return sum(1 for c in listing if c.get("cmd") == "blmove" and "b" in c.get("flags", ""))
 
+    def __enter__(self) -> ThrowawayRedis:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.destroy()
+
     def destroy(self) -> None:
         if self.proc is not None:
             self.proc.kill()
@@ -223,6 +230,14 @@ class ThrowawayPostgres:
             pg_binary("createdb"), "-h", "127.0.0.1", "-p", str(self.port), "-U", "postgres", name
         )
         return f"postgresql://postgres@127.0.0.1:{self.port}/{name}"
+
+    def __enter__(self) -> ThrowawayPostgres:
+        self.init()
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.destroy()
 
     def destroy(self) -> None:
         if (self.data / "postmaster.pid").exists():
