@@ -201,7 +201,7 @@ def run(
 
 def _shell(command: str) -> Callable[[], None]:
     def restart() -> None:
-        subprocess.run(command, shell=True, check=True, timeout=120)  # noqa: S602
+        subprocess.run(command, shell=True, check=True, timeout=120)
 
     return restart
 
