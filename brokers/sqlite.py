@@ -302,6 +302,9 @@ class SqliteBroker(Broker):
         def tx(conn: sqlite3.Connection) -> list[Delivery]:
             out: list[Delivery] = []
             with _immediate(conn):
+                # Every worker's recovery loop comes here now and then: the place to drop kept
+                # results and cancelled jobs whose time is up (an indexed delete).
+                conn.execute(SQL["purge_expired_results"], (now,))
                 for queue in queues:
                     rows = conn.execute(
                         SQL["reclaim"],
@@ -414,15 +417,6 @@ class SqliteBroker(Broker):
         await self._call(tx)
         if not paused:
             self._wake_local()
-
-    async def purge_expired_results(self, now: float) -> int:
-        """Delete kept results whose time is up. Returns how many rows went."""
-
-        def tx(conn: sqlite3.Connection) -> int:
-            with _immediate(conn):
-                return conn.execute(SQL["purge_expired_results"], (now,)).rowcount
-
-        return await self._call(tx)
 
 
 class _immediate:

@@ -94,16 +94,6 @@ class App:
         hooks.call("after_enqueue", jobs, ids)
         return ids
 
-    def job_for(
-        self, task_name: str, args: Sequence[Any] = (), kwargs: dict[str, Any] | None = None
-    ) -> Job:
-        """A validated job for a task looked up by name (the CLI's path)."""
-        task = self.router.get(task_name)
-        if task is None:
-            known = ", ".join(self.router.names()) or "none"
-            raise ConfigurationError(f"no task named {task_name!r} in the router (known: {known})")
-        return task.build_job(tuple(args), dict(kwargs or {}), self.clock.now())
-
     # -- reading ---------------------------------------------------------------------------------
 
     async def job(self, job_id: str) -> JobInfo | None:

@@ -18,14 +18,13 @@ import enum
 import json
 import re
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from taskkit.errors import ConfigurationError, PayloadInvalid
 
-WIRE_VERSION = 1
 DEFAULT_QUEUE = "default"
 # A job carries arguments, not data: big blobs belong in storage, passed by reference.
 MAX_PAYLOAD_BYTES = 4 * 1024 * 1024
@@ -247,7 +246,6 @@ class QueueStats:
     running: int = 0
     dead: int = 0
     paused: bool = False
-    extra: dict[str, int] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -256,5 +254,4 @@ class QueueStats:
             "running": self.running,
             "dead": self.dead,
             "paused": self.paused,
-            **self.extra,
         }
