@@ -54,7 +54,8 @@ def answers(url: str, default_port: int) -> bool:
         return False
 
 
-def _wait(condition: Callable[[], bool], timeout: float, what: str) -> None:
+def wait_until(condition: Callable[[], bool], timeout: float, what: str) -> None:
+    """Poll ``condition`` until it holds; fail with ``what`` after ``timeout`` seconds."""
     deadline = time.monotonic() + timeout
     while not condition():
         if time.monotonic() > deadline:
@@ -109,7 +110,7 @@ class ThrowawayRedis:
         )
         client = redis.Redis(port=self.port, socket_timeout=1, socket_connect_timeout=1)
         try:
-            _wait(lambda: self._pong(client), 20, "redis-server to answer PING")
+            wait_until(lambda: self._pong(client), 20, "redis-server to answer PING")
         finally:
             client.close()
 

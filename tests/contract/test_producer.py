@@ -169,7 +169,7 @@ async def test_waiting_for_a_result_times_out_and_a_dead_job_raises(
 
     app = App(router, broker, clock=clock)
     waiting = await app.enqueue(never.options(delay=3600))
-    with pytest.raises(ResultTimeout, match="did not finish within 0.2s"):
+    with pytest.raises(ResultTimeout, match=r"did not finish within 0\.2s"):
         await waiting.result(timeout=0.2)
     dead = await app.enqueue(fails)
     await drain(router, broker, clock)

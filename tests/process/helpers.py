@@ -6,10 +6,12 @@ import os
 import subprocess
 import sys
 import threading
-import time
 from collections import Counter
-from collections.abc import Callable
 from pathlib import Path
+
+from tests.servers import wait_until
+
+__all__ = ["wait_until"]
 
 TASKKIT = [sys.executable, "-m", "taskkit.cli"]
 
@@ -52,15 +54,6 @@ def run_cli(cwd: Path, *args: str, timeout: float = 60) -> subprocess.CompletedP
     return subprocess.run(
         [*TASKKIT, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
     )
-
-
-def wait_until(condition: Callable[[], bool], timeout: float, what: str) -> None:
-    """Poll ``condition`` until it holds; fail with ``what`` after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.05)
 
 
 def ledger_runs(ledger: Path) -> Counter[int]:

@@ -2,21 +2,16 @@
 
 from __future__ import annotations
 
-import socket
 import urllib.error
 import urllib.request
 from pathlib import Path
 
 import pytest
 
+from tests.servers import free_port
+
 from .helpers import run_cli, start_worker, wait_until
 from .test_cli import TASKS
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def get(url: str) -> tuple[int, str]:

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import shutil
 import signal
-import socket
 import subprocess
 import textwrap
 from pathlib import Path
+
+from tests.servers import free_port
 
 from .helpers import run_cli, start_worker, wait_until
 
@@ -26,9 +27,7 @@ TASKS = textwrap.dedent(
 
 
 def test_a_worker_waits_for_a_broker_that_starts_later(tmp_path: Path) -> None:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     url = f"redis://127.0.0.1:{port}/0?prefix=late"
     (tmp_path / "latetasks.py").write_text(TASKS)
     log = tmp_path / "worker.log"
