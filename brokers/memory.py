@@ -121,10 +121,17 @@ class MemoryBroker(Broker):
             Lease(rec.id, rec.token, rec.queue), rec.payload, rec.attempts, rec.lease_until
         )
 
+    def _live(self, job_id: str, now: float) -> _Record | None:
+        """The job, unless it is gone or kept past its time (then it is dropped now)."""
+        rec = self._store.jobs.get(job_id)
+        if rec is not None and rec.expires_at is not None and rec.expires_at <= now:
+            del self._store.jobs[job_id]
+            return None
+        return rec
+
     def _expire_results(self, now: float) -> None:
         for rec in [r for r in self._store.jobs.values() if r.expires_at is not None]:
-            if rec.expires_at is not None and rec.expires_at <= now:
-                del self._store.jobs[rec.id]
+            self._live(rec.id, now)
 
     # -- producing -------------------------------------------------------------------------
 
@@ -269,6 +276,7 @@ class MemoryBroker(Broker):
     async def reclaim_expired(
         self, queues: Sequence[str], lease_for: float, limit: int, now: float
     ) -> list[Delivery]:
+        self._expire_results(now)  # the periodic pass that drops kept jobs past their time
         expired = [
             r
             for r in self._store.jobs.values()
@@ -302,8 +310,7 @@ class MemoryBroker(Broker):
         )
 
     async def get_job(self, job_id: str, now: float) -> JobInfo | None:
-        self._expire_results(now)
-        rec = self._store.jobs.get(job_id)
+        rec = self._live(job_id, now)
         return None if rec is None else self._info(rec, now)
 
     async def stats(self, now: float) -> dict[str, QueueStats]:
@@ -355,8 +362,7 @@ class MemoryBroker(Broker):
         return len(dead)
 
     async def cancel(self, job_id: str, keep_until: float, now: float) -> JobState | None:
-        self._expire_results(now)
-        rec = self._store.jobs.get(job_id)
+        rec = self._live(job_id, now)
         if rec is None:
             return None
         if rec.state is JobState.PENDING:
