@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import threading
 from collections import Counter
 from pathlib import Path
+
+import pytest
 
 from tests.servers import wait_until
 
@@ -100,3 +103,48 @@ class Output:
             for ln in list(self.lines)
             if (" ERROR " in ln or " WARNING " in ln) and "taskkit.jobs" not in ln
         ]
+
+
+def start_ledger_workers(
+    count: int, url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, sleep: float
+) -> tuple[Path, list[subprocess.Popen[str]], list[Output]]:
+    """``count`` workers on LEDGER_TASKS whose jobs take ``sleep`` seconds, with short leases
+    and DEBUG logs (an outage's retries are DEBUG lines), and their collected output."""
+    (tmp_path / "ledgertasks.py").write_text(LEDGER_TASKS)
+    ledger = tmp_path / "ledger.txt"
+    ledger.touch()
+    monkeypatch.setenv("LEDGER", str(ledger))
+    monkeypatch.setenv("LEDGER_SLEEP", str(sleep))
+    # A short lease: a claim whose answer the restart swallowed is reclaimed within seconds.
+    workers = [
+        start_worker(
+            "ledgertasks:router",
+            url,
+            tmp_path,
+            "--concurrency",
+            "4",
+            "--lease",
+            "4",
+            "--log-level",
+            "DEBUG",  # the retries of an outage are DEBUG lines: the test waits for them
+            worker_id=f"w{i}",
+        )
+        for i in range(count)
+    ]
+    return ledger, workers, [Output(w) for w in workers]
+
+
+def stop_workers(workers: list[subprocess.Popen[str]], outputs: list[Output]) -> list[int]:
+    for w in workers:
+        if w.poll() is None:
+            w.send_signal(signal.SIGTERM)
+    codes = []
+    for w in workers:
+        try:
+            codes.append(w.wait(20))
+        except subprocess.TimeoutExpired:
+            w.kill()
+            codes.append(w.wait(10))
+    for o in outputs:
+        o.close()
+    return codes

@@ -13,7 +13,6 @@ about the outage must be readable single lines, not tracebacks.
 from __future__ import annotations
 
 import json
-import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -26,7 +25,13 @@ from brokers.postgres import PostgresBroker, parse_url
 from taskkit import App, Job
 from tests.servers import ThrowawayPostgres
 
-from .helpers import LEDGER_TASKS, Output, ledger_runs, run_cli, start_worker, wait_until
+from .helpers import (
+    ledger_runs,
+    run_cli,
+    start_ledger_workers,
+    stop_workers,
+    wait_until,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -89,28 +94,7 @@ def test_workers_survive_a_server_restart_and_lose_no_job(
     assert migrated.returncode == 0, migrated.stderr
     anyio.run(_enqueue, url, JOBS)
 
-    (tmp_path / "ledgertasks.py").write_text(LEDGER_TASKS)
-    ledger = tmp_path / "ledger.txt"
-    ledger.touch()
-    monkeypatch.setenv("LEDGER", str(ledger))
-    monkeypatch.setenv("LEDGER_SLEEP", "0.05")  # restarts and kills land mid-drain
-    # A short lease: a claim whose answer the restart swallowed is reclaimed within seconds.
-    workers = [
-        start_worker(
-            "ledgertasks:router",
-            url,
-            tmp_path,
-            "--concurrency",
-            "4",
-            "--lease",
-            "4",
-            "--log-level",
-            "DEBUG",
-            worker_id=f"w{i}",
-        )
-        for i in range(2)
-    ]
-    outputs = [Output(w) for w in workers]
+    ledger, workers, outputs = start_ledger_workers(2, url, tmp_path, monkeypatch, sleep=0.05)
     try:
         wait_until(lambda: listening_connections(url) == 2, 10, "both workers to LISTEN")
         wait_until(lambda: len(ledger.read_text().splitlines()) >= 40, 20, "the drain to start")
@@ -139,12 +123,8 @@ def test_workers_survive_a_server_restart_and_lose_no_job(
         anyio.run(_enqueue_one, url, JOBS)
         wait_until(lambda: JOBS in ledger_runs(ledger), 10, "a job enqueued after the restart")
     finally:
-        for w in workers:
-            if w.poll() is None:
-                w.send_signal(signal.SIGTERM)
-        codes = [w.wait(20) for w in workers]
+        codes = stop_workers(workers, outputs)
         for i, o in enumerate(outputs):
-            o.close()
             print(f"--- worker w{i} (exit {codes[i]}), per-job lines left out:\n{o.notable()}")
     logs = [o.text for o in outputs]
     assert codes == [0, 0], "a worker did not stop cleanly (its log is printed below)"

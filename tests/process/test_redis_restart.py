@@ -23,8 +23,6 @@ and their logs must hold one ERROR line per loop and outage, no traceback.
 from __future__ import annotations
 
 import json
-import signal
-import subprocess
 import time
 from pathlib import Path
 
@@ -35,7 +33,7 @@ from brokers.redis import RedisBroker
 from taskkit import App, Job
 from tests.servers import ThrowawayRedis
 
-from .helpers import LEDGER_TASKS, Output, ledger_runs, run_cli, start_worker, wait_until
+from .helpers import Output, ledger_runs, run_cli, start_ledger_workers, stop_workers, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -73,49 +71,6 @@ def idle(cwd: Path, url: str) -> bool:
     )
 
 
-def start_workers(
-    count: int, url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> tuple[Path, list[subprocess.Popen[str]], list[Output]]:
-    (tmp_path / "ledgertasks.py").write_text(LEDGER_TASKS)
-    ledger = tmp_path / "ledger.txt"
-    ledger.touch()
-    monkeypatch.setenv("LEDGER", str(ledger))
-    monkeypatch.setenv("LEDGER_SLEEP", "0.03")  # restarts and kills land mid-drain
-    # A short lease: a claim whose answer the restart swallowed is reclaimed within seconds.
-    workers = [
-        start_worker(
-            "ledgertasks:router",
-            url,
-            tmp_path,
-            "--concurrency",
-            "4",
-            "--lease",
-            "4",
-            "--log-level",
-            "DEBUG",  # the retries of an outage are DEBUG lines: the test waits for them
-            worker_id=f"w{i}",
-        )
-        for i in range(count)
-    ]
-    return ledger, workers, [Output(w) for w in workers]
-
-
-def stop_workers(workers: list[subprocess.Popen[str]], outputs: list[Output]) -> list[int]:
-    for w in workers:
-        if w.poll() is None:
-            w.send_signal(signal.SIGTERM)
-    codes = []
-    for w in workers:
-        try:
-            codes.append(w.wait(20))
-        except subprocess.TimeoutExpired:
-            w.kill()
-            codes.append(w.wait(10))
-    for o in outputs:
-        o.close()
-    return codes
-
-
 def check_outage_lines(outputs: list[Output], noticed: list[list[str]], port: int) -> None:
     """No traceback; one readable ERROR line per loop and outage, naming the server; every line
     above INFO is about the outage or its at-least-once aftermath (a lease that ran out meanwhile,
@@ -144,7 +99,7 @@ def test_workers_survive_a_redis_restart_and_lose_no_job_redis_kept(
     server = persistent_redis
     url = f"{server.url}?prefix={PREFIX}"
     enqueue(url, range(JOBS))
-    ledger, workers, outputs = start_workers(2, url, tmp_path, monkeypatch)
+    ledger, workers, outputs = start_ledger_workers(2, url, tmp_path, monkeypatch, sleep=0.03)
     try:
         wait_until(lambda: len(ledger_runs(ledger)) >= 40, 20, "the drain to start")
         server.stop()
@@ -189,7 +144,7 @@ def test_a_worker_survives_a_restart_that_loses_everything_and_drains_new_jobs(
     server = volatile_redis
     url = f"{server.url}?prefix={PREFIX}"
     enqueue(url, range(100))
-    ledger, workers, outputs = start_workers(1, url, tmp_path, monkeypatch)
+    ledger, workers, outputs = start_ledger_workers(1, url, tmp_path, monkeypatch, sleep=0.03)
     try:
         wait_until(lambda: len(ledger_runs(ledger)) >= 10, 20, "the drain to start")
         server.stop()
@@ -227,7 +182,7 @@ def test_workers_time_out_of_a_frozen_server_and_carry_on_when_it_thaws(
     server = persistent_redis
     url = f"{server.url}?prefix={PREFIX}"
     enqueue(url, range(JOBS))
-    ledger, workers, outputs = start_workers(2, url, tmp_path, monkeypatch)
+    ledger, workers, outputs = start_ledger_workers(2, url, tmp_path, monkeypatch, sleep=0.03)
     try:
         wait_until(lambda: len(ledger_runs(ledger)) >= 40, 20, "the drain to start")
         server.freeze()
