@@ -11,7 +11,7 @@ import heapq
 import time
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -20,7 +20,10 @@ import anyio
 from taskkit.broker import Broker
 from taskkit.errors import BrokerURLError
 from taskkit.job import (
+    ALERT_DETAIL_LIMIT,
     DEFAULT_QUEUE,
+    Alert,
+    AlertEvent,
     Delivery,
     Job,
     JobInfo,
@@ -28,6 +31,7 @@ from taskkit.job import (
     Lease,
     QueueStats,
     new_job_id,
+    dead_alert_key,
     peek_task,
     validate_queue_name,
 )
@@ -65,6 +69,9 @@ class _Store:
     pending: dict[str, list[tuple[int, float, int, str]]] = field(default_factory=dict)
     seq: int = 0
     changed: anyio.Event | None = None
+    alerts: dict[str, Alert] = field(default_factory=dict)
+    rates: dict[str, float] = field(default_factory=dict)  # key -> next free time
+    slots: dict[str, dict[str, float]] = field(default_factory=dict)  # key -> holder -> expiry
 
 
 _STORES: dict[str, _Store] = {}
@@ -262,6 +269,9 @@ class MemoryBroker(Broker):
         elif isinstance(outcome, DeadLetter):
             self._free_dedupe(rec)
             rec.state, rec.last_error, rec.finished_at = JobState.DEAD, outcome.error, now
+            task = peek_task(rec.payload)
+            key = dead_alert_key(rec.queue, task)
+            self._record_alert(AlertEvent(key, "dead", rec.queue, task, rec.id, outcome.error), now)
         return True
 
     async def release(self, leases: Sequence[Lease], now: float) -> None:
@@ -320,6 +330,8 @@ class MemoryBroker(Broker):
             if rec.state is JobState.PENDING:
                 if rec.run_at <= now:
                     st.ready += 1
+                    if st.oldest_ready_at is None or rec.run_at < st.oldest_ready_at:
+                        st.oldest_ready_at = rec.run_at
                 else:
                     st.scheduled += 1
             elif rec.state is JobState.RUNNING:
@@ -384,3 +396,88 @@ class MemoryBroker(Broker):
         else:
             self._store.paused.discard(queue)
             self._notify()
+
+    # -- the alert outbox ------------------------------------------------------------------
+
+    def _record_alert(self, event: AlertEvent, now: float) -> None:
+        row = self._store.alerts.get(event.key)
+        detail = event.detail[:ALERT_DETAIL_LIMIT]
+        if row is None:
+            row = Alert(
+                event.key,
+                event.kind,
+                event.queue,
+                event.task,
+                event.job_id,
+                detail,
+                count=0,
+                first_at=now,
+                last_at=now,
+                next_at=now,
+            )
+            self._store.alerts[event.key] = row
+        if row.count == 0:
+            row.first_at, row.next_at = now, max(row.next_at, now)
+        row.count += 1
+        row.last_at = now
+        row.kind, row.queue, row.task = event.kind, event.queue, event.task
+        row.job_id, row.detail = event.job_id, detail
+
+    async def record_alert(self, event: AlertEvent, now: float) -> None:
+        self._record_alert(event, now)
+
+    async def claim_alerts(self, limit: int, lease_for: float, now: float) -> list[Alert]:
+        due = sorted(
+            (a for a in self._store.alerts.values() if a.count > 0 and a.next_at <= now),
+            key=lambda a: a.next_at,
+        )[:limit]
+        for row in due:
+            row.token, row.next_at = uuid.uuid4().hex, now + lease_for
+        return [replace(row) for row in due]
+
+    async def finish_alert(
+        self, alert: Alert, sent: bool, next_at: float, error: str | None, now: float
+    ) -> bool:
+        row = self._store.alerts.get(alert.key)
+        if row is None or row.token is None or row.token != alert.token:
+            return False
+        row.token, row.next_at = None, next_at
+        if sent:
+            row.count = max(0, row.count - alert.count)
+            row.attempts, row.last_error, row.sent_at = 0, None, now
+        else:
+            row.attempts, row.last_error = row.attempts + 1, error
+        return True
+
+    async def list_alerts(self, pending_only: bool, limit: int) -> list[Alert]:
+        rows = [a for a in self._store.alerts.values() if a.count > 0 or not pending_only]
+        return [replace(a) for a in sorted(rows, key=lambda a: a.first_at)[:limit]]
+
+    # -- flow control ----------------------------------------------------------------------
+
+    async def acquire_rate(self, key: str, interval: float, now: float) -> float:
+        free_at = self._store.rates.get(key, now)
+        if now < free_at:
+            return free_at - now
+        self._store.rates[key] = now + interval
+        return 0.0
+
+    async def acquire_slot(self, key: str, holder: str, limit: int, ttl: float, now: float) -> bool:
+        held = self._store.slots.setdefault(key, {})
+        for other, expiry in list(held.items()):
+            if expiry < now:
+                del held[other]
+        if holder not in held and len(held) >= limit:
+            return False
+        held[holder] = now + ttl
+        return True
+
+    async def extend_slots(self, slots: Sequence[tuple[str, str]], ttl: float, now: float) -> None:
+        for key, holder in slots:
+            held = self._store.slots.get(key, {})
+            if holder in held:
+                held[holder] = now + ttl
+
+    async def release_slots(self, slots: Sequence[tuple[str, str]]) -> None:
+        for key, holder in slots:
+            self._store.slots.get(key, {}).pop(holder, None)

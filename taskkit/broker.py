@@ -24,7 +24,7 @@ from typing import Any, Self
 from urllib.parse import urlsplit, urlunsplit
 
 from taskkit.errors import BrokerURLError
-from taskkit.job import Delivery, Job, JobInfo, JobState, Lease, QueueStats
+from taskkit.job import Alert, AlertEvent, Delivery, Job, JobInfo, JobState, Lease, QueueStats
 from taskkit.outcome import Outcome
 
 DEFAULT_BROKER_URL = "sqlite:///taskkit.db"
@@ -139,7 +139,9 @@ class Broker(ABC):
           ``keep_until`` when given, otherwise nothing of the job need remain.
         - ``Retry``: back to pending, runnable at ``run_at``, ``last_error`` recorded; with
           ``charge_attempt=False`` the claim's attempt is given back (attempts - 1).
-        - ``DeadLetter``: state dead with ``error``; the dedupe key is freed.
+        - ``DeadLetter``: state dead with ``error``; the dedupe key is freed; and, in the same
+          atomic step, an alert is recorded as by ``record_alert`` with key
+          ``dead_alert_key(queue, task)``, kind ``"dead"``, the job's id and ``error`` as detail.
 
         Returns, per item, True when applied and False when the lease was lost (refused).
         """
@@ -168,7 +170,8 @@ class Broker(ABC):
     @abstractmethod
     async def stats(self, now: float) -> dict[str, QueueStats]:
         """Counts per queue: ready (due pending), scheduled (pending, due later), running, dead;
-        and whether the queue is paused. Queues with no jobs may be left out unless paused."""
+        whether the queue is paused; and ``oldest_ready_at``, when its longest-waiting ready job
+        became due (its run_at). Queues with no jobs may be left out unless paused."""
 
     @abstractmethod
     async def list_dead(self, queue: str | None, limit: int) -> list[JobInfo]:
@@ -202,6 +205,73 @@ class Broker(ABC):
         """Store ``progress`` (JSON text) on a running job, only while ``lease`` owns it.
         Every claim clears the progress, so each attempt starts afresh. Returns False, writing
         nothing, when the lease was lost."""
+
+    # -- the alert outbox --------------------------------------------------------------------
+    # One row per alert key. Recording merges into the key's row, so a flood of dead jobs of one
+    # task is one pending alert with a count; delivery is at-least-once under a claim lease.
+
+    @abstractmethod
+    async def record_alert(self, event: AlertEvent, now: float) -> None:
+        """Merge ``event`` into the row of ``event.key``, atomically:
+
+        - no row: create it with count 1, first_at = last_at = next_at = now, attempts 0;
+        - a row with count 0 (delivered): count 1, first_at = last_at = now, and next_at =
+          max(next_at, now), so an alert delivered within its quiet window waits for its end;
+        - a row with count > 0 (pending): count + 1, last_at = now, next_at unchanged.
+
+        In every case queue, task, job_id and detail become the event's (detail cut to
+        ``ALERT_DETAIL_LIMIT`` characters)."""
+
+    @abstractmethod
+    async def claim_alerts(self, limit: int, lease_for: float, now: float) -> list[Alert]:
+        """Hand out up to ``limit`` pending alerts (count > 0) whose next_at <= now, earliest
+        next_at first: each gets a fresh token and next_at = now + lease_for, so no other caller
+        gets it until that lease runs out. Returns them with the count as claimed."""
+
+    @abstractmethod
+    async def finish_alert(
+        self, alert: Alert, sent: bool, next_at: float, error: str | None, now: float
+    ) -> bool:
+        """Record one delivery attempt of a claimed ``alert``, only while its token still holds
+        the row (else return False and write nothing). The token is cleared and next_at set.
+
+        - ``sent``: count - alert.count (events recorded during delivery stay pending),
+          attempts 0, last_error None, sent_at now.
+        - not sent: attempts + 1, last_error ``error``.
+        """
+
+    @abstractmethod
+    async def list_alerts(self, pending_only: bool, limit: int) -> list[Alert]:
+        """Alert rows, oldest first_at first: only pending ones (count > 0) when asked."""
+
+    # -- flow control shared by every worker --------------------------------------------------
+
+    @abstractmethod
+    async def acquire_rate(self, key: str, interval: float, now: float) -> float:
+        """A rate limit of one grant per ``interval`` seconds per ``key``, for every caller:
+        when ``now`` is at or after the key's next free time, record a grant (the next free time
+        becomes ``now + interval``) and return 0.0; otherwise record nothing and return the
+        seconds until the next free time."""
+
+    @abstractmethod
+    async def acquire_slot(
+        self, key: str, holder: str, limit: int, ttl: float, now: float
+    ) -> bool:
+        """A concurrency limit of ``limit`` holders per ``key``, for every caller, atomically:
+        drop the key's holders whose expiry is before ``now``; if ``holder`` already holds a
+        slot, or fewer than ``limit`` do, hold one until ``now + ttl`` and return True;
+        otherwise return False. A holder that dies without releasing frees its slot at expiry."""
+
+    @abstractmethod
+    async def extend_slots(
+        self, slots: Sequence[tuple[str, str]], ttl: float, now: float
+    ) -> None:
+        """Heartbeat: push the expiry of each held ``(key, holder)`` to ``now + ttl``. Slots no
+        longer held are not taken again."""
+
+    @abstractmethod
+    async def release_slots(self, slots: Sequence[tuple[str, str]]) -> None:
+        """Give back each ``(key, holder)`` slot; ones not held are ignored."""
 
     async def wait_for_change(self, job_id: str, timeout: float) -> None:
         """Wait up to ``timeout`` seconds for a sign that ``job_id`` may have changed state.

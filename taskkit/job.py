@@ -246,6 +246,9 @@ class QueueStats:
     running: int = 0
     dead: int = 0
     paused: bool = False
+    # When the longest-waiting ready job became due (its run time, or enqueue time); None when
+    # nothing is ready. What a queue-stall alert is measured from.
+    oldest_ready_at: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -254,4 +257,74 @@ class QueueStats:
             "running": self.running,
             "dead": self.dead,
             "paused": self.paused,
+            "oldest_ready_at": self.oldest_ready_at,
+        }
+
+
+def dead_alert_key(queue: str, task: str | None) -> str:
+    """The alert key a dead job is recorded under: one alert per task per queue per window,
+    however many of its jobs die. A payload with no readable task name counts as task ``?``."""
+    return f"dead:{queue}:{task or '?'}"
+
+
+def stall_alert_key(queue: str) -> str:
+    return f"stall:{queue}"
+
+
+ALERT_DETAIL_LIMIT = 4000  # characters of the error text an alert keeps
+
+
+@dataclass(frozen=True, slots=True)
+class AlertEvent:
+    """Something an operator must hear about: a job went dead, or a queue stalled."""
+
+    key: str  # events with one key merge into one pending alert
+    kind: str  # "dead" or "stall"
+    queue: str
+    task: str | None
+    job_id: str | None
+    detail: str  # the error text (dead) or a sentence (stall); brokers keep ALERT_DETAIL_LIMIT
+
+
+@dataclass(slots=True)
+class Alert:
+    """One row of the alert outbox: the events of one key not yet delivered, merged.
+
+    ``count`` events are waiting (0 once delivered); ``job_id`` and ``detail`` are the latest
+    event's. ``next_at`` is the earliest time the alert may be (re)tried: after a claim it is the
+    claim's lease, after a failed delivery the backoff, after a delivery the end of the quiet
+    window. ``token`` is set on alerts handed out by ``claim_alerts`` and fences ``finish_alert``.
+    """
+
+    key: str
+    kind: str
+    queue: str
+    task: str | None
+    job_id: str | None
+    detail: str
+    count: int
+    first_at: float
+    last_at: float
+    next_at: float
+    attempts: int = 0
+    last_error: str | None = None
+    sent_at: float | None = None
+    token: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON shape of `taskkit alerts list --json` and of the webhook's ``alert`` field."""
+        return {
+            "key": self.key,
+            "kind": self.kind,
+            "queue": self.queue,
+            "task": self.task,
+            "job_id": self.job_id,
+            "detail": self.detail,
+            "count": self.count,
+            "first_at": self.first_at,
+            "last_at": self.last_at,
+            "next_at": self.next_at,
+            "attempts": self.attempts,
+            "last_error": self.last_error,
+            "sent_at": self.sent_at,
         }
