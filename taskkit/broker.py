@@ -254,18 +254,14 @@ class Broker(ABC):
         seconds until the next free time."""
 
     @abstractmethod
-    async def acquire_slot(
-        self, key: str, holder: str, limit: int, ttl: float, now: float
-    ) -> bool:
+    async def acquire_slot(self, key: str, holder: str, limit: int, ttl: float, now: float) -> bool:
         """A concurrency limit of ``limit`` holders per ``key``, for every caller, atomically:
         drop the key's holders whose expiry is before ``now``; if ``holder`` already holds a
         slot, or fewer than ``limit`` do, hold one until ``now + ttl`` and return True;
         otherwise return False. A holder that dies without releasing frees its slot at expiry."""
 
     @abstractmethod
-    async def extend_slots(
-        self, slots: Sequence[tuple[str, str]], ttl: float, now: float
-    ) -> None:
+    async def extend_slots(self, slots: Sequence[tuple[str, str]], ttl: float, now: float) -> None:
         """Heartbeat: push the expiry of each held ``(key, holder)`` to ``now + ttl``. Slots no
         longer held are not taken again."""
 

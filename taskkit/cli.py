@@ -2,6 +2,7 @@
 
     taskkit worker APP [--broker URL] [--queues a,b] [--concurrency N] [--lease S] [--burst]
                        [--grace S] [--worker-id ID] [--metrics-port N]
+                       [--alert-webhook URL] [--alert-window S] [--stall-after S]
     taskkit enqueue APP TASK [--args JSON] [--kwargs JSON] [--delay S] [--queue Q]
                              [--dedupe-key K] [--broker URL]
     taskkit job ID [--json]            taskkit cancel ID
@@ -9,6 +10,7 @@
     taskkit dead list|requeue|purge [--broker URL] [--queue Q] [--id ID] [--all] [--json]
     taskkit pause|resume QUEUE [--broker URL]
     taskkit schedule list APP [--json]
+    taskkit alerts list [--all] [--limit N] [--json]
     taskkit migrate [--broker URL]
 
 Every command also takes ``--log-level`` and ``--log-format text|json``.
@@ -110,6 +112,9 @@ def cmd_worker(args: argparse.Namespace) -> int:
         "lease_for": args.lease,
         "burst": args.burst,
         "grace_period": args.grace,
+        "alert_webhook": args.alert_webhook,
+        "alert_window": args.alert_window,
+        "stall_after": args.stall_after,
     }
     if args.worker_id:
         fields["worker_id"] = args.worker_id
@@ -242,6 +247,27 @@ def cmd_dead(args: argparse.Namespace) -> int:
         return 0
 
     return anyio.run(_with_broker, args.broker, run)
+
+
+def cmd_alerts(args: argparse.Namespace) -> int:
+    async def run(broker: Broker) -> int:
+        alerts = await broker.list_alerts(pending_only=not args.all, limit=args.limit)
+        if args.json:
+            _print_json([a.to_dict() for a in alerts])
+            return 0
+        for a in alerts:
+            state = f"pending x{a.count}" if a.count else "sent"
+            tries = f"  failed {a.attempts}x: {a.last_error}" if a.attempts else ""
+            first = a.detail.split("\n", 1)[0]
+            print(f"{a.key}  {state}  last {_when(a.last_at)}  job={a.job_id}  {first}{tries}")
+        print(f"{len(alerts)} {'alert(s)' if args.all else 'pending alert(s)'}")
+        return 0
+
+    return anyio.run(_with_broker, args.broker, run)
+
+
+def _when(ts: float) -> str:
+    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%d %H:%M:%S")
 
 
 def _report(as_json: bool, verb: str, ids: Sequence[str]) -> None:
@@ -416,7 +442,34 @@ def build_parser() -> argparse.ArgumentParser:
         help="serve /metrics, /healthz and /readyz on this port (0: any free port)",
     )
     p.add_argument("--metrics-host", default="0.0.0.0", metavar="HOST")
+    p.add_argument(
+        "--alert-webhook",
+        metavar="URL",
+        default=os.environ.get("TASKKIT_ALERT_WEBHOOK"),
+        help="POST dead-letter and stall alerts here as JSON (default: $TASKKIT_ALERT_WEBHOOK)",
+    )
+    p.add_argument(
+        "--alert-window",
+        type=float,
+        default=3600.0,
+        metavar="SECONDS",
+        help="after an alert is sent, its key stays quiet this long (default 3600)",
+    )
+    p.add_argument(
+        "--stall-after",
+        type=float,
+        metavar="SECONDS",
+        help="alert when a queue's oldest ready job has waited longer than this",
+    )
     p.set_defaults(func=cmd_worker)
+
+    p = sub.add_parser("alerts", parents=[common], help="the alert outbox")
+    p.add_argument("action", choices=["list"])
+    _broker_flag(p)
+    p.add_argument("--all", action="store_true", help="also alerts already delivered")
+    p.add_argument("--limit", type=int, default=100, help="at most this many (default 100)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_alerts)
 
     p = sub.add_parser("enqueue", parents=[common], help="enqueue one job and print its id")
     p.add_argument("app", metavar="APP")

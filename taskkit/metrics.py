@@ -18,6 +18,7 @@ import anyio
 from anyio.abc import SocketStream
 
 from taskkit.errors import ConfigurationError, TaskkitError
+from taskkit.job import Alert
 from taskkit.middleware import JobEvent, Middleware
 
 if TYPE_CHECKING:
@@ -74,6 +75,24 @@ class MetricsMiddleware(Middleware):
         self.paused = Gauge(
             "taskkit_queue_paused", "1 when the queue is paused", ["queue"], registry=r
         )
+        self.oldest_ready = Gauge(
+            "taskkit_queue_oldest_ready_seconds",
+            "How long the oldest ready job of the queue has waited (0 when none is ready)",
+            ["queue"],
+            registry=r,
+        )
+        self.throttled = Counter(
+            "taskkit_jobs_throttled",
+            "Jobs snoozed by a rate or concurrency limit",
+            labels,
+            registry=r,
+        )
+        self.alerts = Counter(
+            "taskkit_alerts",
+            "Alert deliveries by kind and result (sent, failed)",
+            ["kind", "result"],
+            registry=r,
+        )
 
     def _labels(self, event: JobEvent) -> dict[str, str]:
         return {"task": event.task or "?", "queue": event.queue}
@@ -106,13 +125,22 @@ class MetricsMiddleware(Middleware):
     def on_recovered(self, event: JobEvent) -> None:
         self.recovered.labels(queue=event.queue).inc()
 
+    def on_throttled(self, event: JobEvent) -> None:
+        self.throttled.labels(**self._labels(event)).inc()
+
+    def on_alert(self, alert: Alert, error: str | None) -> None:
+        self.alerts.labels(kind=alert.kind, result="sent" if error is None else "failed").inc()
+
     def after_claim(self, worker: Worker, count: int, seconds: float) -> None:
         if count:  # an empty claim measures the idle wait, not the broker
             self.claim_latency.observe(seconds)
 
     async def sample_queues(self, worker: Worker) -> None:
-        stats = await worker.broker.stats(worker.clock.now())
+        now = worker.clock.now()
+        stats = await worker.broker.stats(now)
         for queue, st in stats.items():
+            waited = 0.0 if st.oldest_ready_at is None else max(0.0, now - st.oldest_ready_at)
+            self.oldest_ready.labels(queue=queue).set(waited)
             for state in ("ready", "scheduled", "running", "dead"):
                 self.depth.labels(queue=queue, state=state).set(getattr(st, state))
             self.paused.labels(queue=queue).set(1 if st.paused else 0)

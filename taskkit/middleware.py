@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from taskkit.job import Job
+from taskkit.job import Alert, Job
 from taskkit.outcome import Outcome
 
 if TYPE_CHECKING:
@@ -86,6 +86,13 @@ class Middleware:
     def on_recovered(self, event: JobEvent) -> None:
         """This worker took back a job whose lease ran out under some worker."""
 
+    def on_throttled(self, event: JobEvent) -> None:
+        """A claimed job was over a rate or concurrency limit and was snoozed without running
+        (no attempt used); ``event.run_at`` says when it comes back."""
+
+    def on_alert(self, alert: Alert, error: str | None) -> None:
+        """This worker tried to deliver ``alert``: ``error`` is None when the webhook took it."""
+
 
 class Hooks:
     """Calls every registered middleware, isolating failures. Only middleware that override a
@@ -133,6 +140,7 @@ class LoggingMiddleware(Middleware):
         "on_dead": logging.ERROR,
         "on_lease_lost": logging.WARNING,
         "on_recovered": logging.WARNING,
+        "on_throttled": logging.DEBUG,
     }
 
     def __init__(self, logger: logging.Logger | None = None) -> None:
@@ -188,3 +196,6 @@ class LoggingMiddleware(Middleware):
 
     def on_recovered(self, event: JobEvent) -> None:
         self._emit(logging.WARNING, "recovered", event)
+
+    def on_throttled(self, event: JobEvent) -> None:
+        self._emit(logging.DEBUG, "throttled", event)

@@ -7,7 +7,8 @@ from typing import Any, ParamSpec, TypeVar, overload
 
 from typing_extensions import Unpack
 
-from taskkit.errors import DuplicateTaskName
+from taskkit.errors import ConfigurationError, DuplicateTaskName
+from taskkit.job import validate_queue_name
 from taskkit.middleware import Middleware
 from taskkit.task import Task, TaskArgs, TaskDecorator, decorate
 
@@ -21,6 +22,7 @@ class Router:
     def __init__(self) -> None:
         self._tasks: dict[str, Task[Any, Any]] = {}
         self.middleware: list[Middleware] = []
+        self.queue_limits: dict[str, int] = {}  # queue -> jobs running at once, fleet-wide
 
     def __repr__(self) -> str:
         return f"<Router tasks={sorted(self._tasks)}>"
@@ -49,7 +51,9 @@ class Router:
         first), ``max_attempts`` (executions, default 3), ``backoff`` (default 5 s doubling,
         capped at 600 s), ``retry_on`` / ``dead_on`` (exception types that retry / go straight to
         the dead letters), ``timeout`` (seconds), ``keep_result`` (seconds to keep the result),
-        ``cron`` or ``every`` (seconds) with ``timezone`` for periodic tasks (taskkit.schedule).
+        ``cron`` or ``every`` (seconds) with ``timezone`` for periodic tasks (taskkit.schedule),
+        ``rate_limit`` (``"60/m"``) and ``concurrency`` (jobs running at once), both shared by
+        every worker of the broker (taskkit.limits).
         """
         return decorate(fn, options, self.register)
 
@@ -64,10 +68,19 @@ class Router:
         self._tasks[task.name] = task
         return task
 
+    def limit_queue(self, queue: str, *, concurrency: int) -> None:
+        """Let at most ``concurrency`` jobs of ``queue`` run at once across every worker."""
+        validate_queue_name(queue)
+        if concurrency < 1:
+            raise ConfigurationError(f"concurrency must be at least 1, got {concurrency}")
+        self.queue_limits[queue] = concurrency
+
     def include(self, other: Router) -> None:
-        """Register every task of ``other`` here (names must not clash), and its middleware."""
+        """Register every task of ``other`` here (names must not clash), its middleware and its
+        queue limits."""
         for t in other:
             self.register(t)
+        self.queue_limits.update(other.queue_limits)
         self.middleware.extend(m for m in other.middleware if m not in self.middleware)
 
     def use(self, middleware: Middleware) -> None:

@@ -21,6 +21,7 @@ from typing_extensions import Unpack
 
 from taskkit.errors import ArgumentsInvalid, ConfigurationError, EnqueueError, PayloadInvalid
 from taskkit.job import DEFAULT_QUEUE, Job, check_payload_size, validate_queue_name
+from taskkit.limits import RateLimit
 from taskkit.retry import DEFAULT_MAX_ATTEMPTS, Backoff, RetryPolicy
 from taskkit.schedule import Schedule, tick_job_id
 
@@ -38,6 +39,8 @@ class TaskOptions:
     timeout: float | None = None
     keep_result: float | None = None  # seconds to keep the return value; None keeps nothing
     schedule: Schedule | None = None  # periodic tasks: when the workers enqueue them
+    rate_limit: RateLimit | None = None  # runs per period across every worker (taskkit.limits)
+    concurrency: int | None = None  # jobs of this task running at once across every worker
 
 
 @dataclass(frozen=True, slots=True)
@@ -264,6 +267,8 @@ class TaskArgs(TypedDict, total=False):
     cron: str | None
     every: float | None
     timezone: str
+    rate_limit: str | None
+    concurrency: int | None
 
 
 def make_options(
@@ -279,6 +284,8 @@ def make_options(
     cron: str | None = None,
     every: float | None = None,
     timezone: str = "UTC",
+    rate_limit: str | None = None,
+    concurrency: int | None = None,
 ) -> TaskOptions:
     """Validate decorator arguments (``TaskArgs`` less the name) into TaskOptions."""
     validate_queue_name(queue)
@@ -287,8 +294,11 @@ def make_options(
     if timeout is not None and timeout <= 0:
         raise ConfigurationError(f"timeout must be positive, got {timeout}")
     policy = RetryPolicy(max_attempts, backoff or Backoff(), tuple(retry_on), tuple(dead_on))
+    if concurrency is not None and concurrency < 1:
+        raise ConfigurationError(f"concurrency must be at least 1, got {concurrency}")
     schedule = None if cron is None and every is None else Schedule(cron, every, timezone)
-    return TaskOptions(queue, priority, policy, timeout, keep_result, schedule)
+    rate = None if rate_limit is None else RateLimit.parse(rate_limit)
+    return TaskOptions(queue, priority, policy, timeout, keep_result, schedule, rate, concurrency)
 
 
 class TaskDecorator:

@@ -10,7 +10,11 @@ One worker process runs these loops side by side on anyio:
 - heartbeat: every ``heartbeat_every`` seconds, extend every running job's lease in one call,
   and cancel any job whose lease was lost (another worker has it now);
 - recovery: every ``recovery_every`` seconds (and once at start-up), take over jobs whose lease
-  ran out under any worker, dead or alive, and retry or dead-letter them.
+  ran out under any worker, dead or alive, and retry or dead-letter them;
+- alerts (with ``alert_webhook`` or ``stall_after``): see taskkit.alerts.
+
+A job of a task with a rate or concurrency limit (taskkit.limits) asks the broker before it runs;
+over the limit it is snoozed, without using an attempt.
 
 On ``stop()`` (SIGTERM/SIGINT under ``taskkit worker``) it stops claiming, gives running jobs
 ``grace_period`` seconds, cancels the rest and hands them back without charging an attempt.
@@ -39,6 +43,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic_core import to_jsonable_python
 
+from taskkit.alerts import AlertDispatcher
 from taskkit.broker import Broker
 from taskkit.clock import Clock, SystemClock
 from taskkit.context import JobContext, _current
@@ -48,7 +53,8 @@ from taskkit.errors import (
     PayloadInvalid,
     TaskkitError,
 )
-from taskkit.job import Delivery, Job, Lease, decode_job, peek_task, validate_queue_name
+from taskkit.job import Alert, Delivery, Job, Lease, decode_job, peek_task, validate_queue_name
+from taskkit.limits import Parked, queue_slot_key, rate_key, task_slot_key
 from taskkit.middleware import Hooks, JobEvent, LoggingMiddleware
 from taskkit.outcome import Complete, DeadLetter, Outcome, Retry
 from taskkit.retry import DEFAULT_MAX_ATTEMPTS, RetryPolicy
@@ -81,6 +87,19 @@ class WorkerSettings(BaseModel):
     grace_period: float = Field(10.0, ge=0)
     burst: bool = False
     worker_id: str = Field(default_factory=default_worker_id)
+    # Alerts (taskkit.alerts): where to POST them, how long one key stays quiet after a delivery,
+    # after how long a waiting ready job means its queue is stalled, how often to look.
+    alert_webhook: str | None = None
+    alert_window: float = Field(3600.0, ge=0)
+    stall_after: float | None = Field(None, gt=0)
+    alert_every: float = Field(1.0, gt=0)
+
+    @field_validator("alert_webhook")
+    @classmethod
+    def _webhook(cls, value: str | None) -> str | None:
+        if value is not None and not value.startswith(("http://", "https://")):
+            raise ValueError("alert_webhook must be an http:// or https:// URL")
+        return value
 
     @field_validator("queues")
     @classmethod
@@ -91,6 +110,10 @@ class WorkerSettings(BaseModel):
             for q in value:
                 validate_queue_name(q)
         return value
+
+    @property
+    def alerting(self) -> bool:
+        return self.alert_webhook is not None or self.stall_after is not None
 
     @property
     def heartbeat_interval(self) -> float:
@@ -138,6 +161,8 @@ class _Running:
     task: str | None = None  # known once the payload decodes
     scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
     lost: bool = False
+    slots: list[tuple[str, str]] = field(default_factory=list)  # concurrency slots held
+    throttled: bool = False  # snoozed by a limit instead of run
 
 
 class Worker:
@@ -167,6 +192,7 @@ class Worker:
         self.hooks = Hooks([LoggingMiddleware(), *router.middleware])
         self.processed = 0
         self._outages = {w: _Outage(w) for w in ("claim", "settle", "heartbeat", "recovery")}
+        self._parked = Parked()
         self.last_claim_ok = time.monotonic()
 
     # -- control -----------------------------------------------------------------------------
@@ -204,6 +230,8 @@ class Worker:
             services.start_soon(self._settle_loop)
             if not self.settings.burst:
                 services.start_soon(self._schedule_loop)
+                if self.settings.alerting:
+                    services.start_soon(self._alert_dispatcher().run)
             # A fixed set of runners takes claimed jobs from an in-memory inbox: no task is
             # spawned per job, which is most of the per-job cost of a no-op task.
             send, inbox = anyio.create_memory_object_stream[tuple[Delivery, _Running]](math.inf)
@@ -326,11 +354,17 @@ class Worker:
                 self._queue_settle(delivery.lease, outcome)
                 self._report(running, outcome, time.perf_counter() - started)
         finally:
+            if running.slots:
+                await self._release_slots(running)
             self._running.pop(delivery.job_id, None)
             self.processed += 1
             self._slot_freed.set()
 
     def _report(self, running: _Running, outcome: Outcome, duration: float) -> None:
+        if running.throttled:
+            assert isinstance(outcome, Retry)
+            self._emit("on_throttled", running, error=outcome.error, run_at=outcome.run_at)
+            return
         self._emit("after_run", running, duration=duration)
         if isinstance(outcome, Complete):
             self._emit("on_done", running, duration=duration)
@@ -359,6 +393,10 @@ class Worker:
             args, kwargs = task.check_arguments(job.args, job.kwargs)
         except ArgumentsInvalid as exc:
             return DeadLetter(f"ArgumentsInvalid: {exc}")
+        if task.settings.rate_limit or task.settings.concurrency or self.router.queue_limits:
+            refused = await self._admit(task, delivery.lease, running)
+            if refused is not None:
+                return refused
         self._emit("before_run", running)
         context = JobContext(
             id=delivery.job_id,
@@ -374,6 +412,73 @@ class Worker:
             return await self._call(task, job, args, kwargs, delivery.attempts)
         finally:
             _current.reset(token)
+
+    # -- fleet-wide limits ---------------------------------------------------------------------
+
+    async def _admit(self, task: Task[Any, Any], lease: Lease, running: _Running) -> Retry | None:
+        """Take the job's concurrency slots and a rate grant, or snooze it (no attempt used).
+        Slots come first: a rate grant is spent only by a job that will run."""
+        slots = []
+        if task.settings.concurrency is not None:
+            slots.append((task_slot_key(task.name), task.settings.concurrency))
+        if (queue_limit := self.router.queue_limits.get(lease.queue)) is not None:
+            slots.append((queue_slot_key(lease.queue), queue_limit))
+        now = self.clock.now()
+        try:
+            for key, limit in slots:
+                if not await self.broker.acquire_slot(
+                    key, lease.job_id, limit, self.settings.lease_for, now
+                ):
+                    await self._release_slots(running)
+                    why = f"{key} already has {limit} jobs running"
+                    return self._throttle(task, running, key, 0.25, 0.5, why)
+                running.slots.append((key, lease.job_id))
+            rate = task.settings.rate_limit
+            if rate is not None:
+                key = rate_key(task.name)
+                wait = await self.broker.acquire_rate(key, rate.interval, now)
+                if wait > 0:
+                    await self._release_slots(running)
+                    why = f"is over its rate limit of {rate.text}"
+                    return self._throttle(task, running, key, wait, rate.interval, why)
+        except TaskkitError as exc:
+            await self._release_slots(running)
+            return self._throttle(task, running, "broker", 1.0, 1.0, f"cannot check limits: {exc}")
+        return None
+
+    def _throttle(
+        self, task: Task[Any, Any], running: _Running, key: str, base: float, step: float, why: str
+    ) -> Retry:
+        now = self.clock.now()
+        delay = self._parked.snooze_for(key, base, step, now)
+        running.throttled = True
+        error = f"Throttled: {task.name} {why}; runs again in {delay:.2f}s"
+        return Retry(now + delay, error, charge_attempt=False)
+
+    async def _release_slots(self, running: _Running) -> None:
+        slots, running.slots = running.slots, []
+        if not slots:
+            return
+        with anyio.CancelScope(shield=True), anyio.move_on_after(5):
+            try:
+                await self.broker.release_slots(slots)
+            except TaskkitError as exc:
+                log.warning("could not release %s (%s); it frees at lease expiry", slots, exc)
+
+    def _alert_dispatcher(self) -> AlertDispatcher:
+        return AlertDispatcher(
+            self.broker,
+            self.clock,
+            self.id,
+            webhook=self.settings.alert_webhook,
+            window=self.settings.alert_window,
+            stall_after=self.settings.stall_after,
+            every=self.settings.alert_every,
+            on_result=self._alert_result,
+        )
+
+    def _alert_result(self, alert: Alert, error: str | None) -> None:
+        self.hooks.call("on_alert", alert, error)
 
     async def _write_progress(self, lease: Lease, progress: str) -> bool:
         return await self.broker.set_progress(lease, progress, self.clock.now())
@@ -471,9 +576,12 @@ class Worker:
         if not running:
             return
         try:
+            now = self.clock.now()
             lost = await self.broker.extend(
-                [r.lease for r in running], self.settings.lease_for, self.clock.now()
+                [r.lease for r in running], self.settings.lease_for, now
             )
+            if slots := [slot for r in running for slot in r.slots]:
+                await self.broker.extend_slots(slots, self.settings.lease_for, now)
             self._outages["heartbeat"].ok()
         except TaskkitError as exc:
             self._outages["heartbeat"].failed(exc)

@@ -1,4 +1,5 @@
-"""`taskkit worker --metrics-port` serves Prometheus metrics and health checks over real HTTP."""
+"""`taskkit worker --metrics-port` serves Prometheus metrics and health checks over real HTTP,
+on every broker a worker process can reach (SQLite, Redis, PostgreSQL)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.backends import BrokerSpace
 from tests.servers import free_port
 
 from .helpers import run_cli, start_worker, wait_until
@@ -30,8 +32,12 @@ def project(tmp_path: Path) -> Path:
     return tmp_path
 
 
-def test_metrics_and_health_endpoints(project: Path) -> None:
-    url, port = f"sqlite:///{project / 'q.db'}", free_port()
+pytestmark = pytest.mark.anyio
+
+
+async def test_metrics_and_health_endpoints(server_space: BrokerSpace, project: Path) -> None:
+    url, port = server_space.url, free_port()
+    assert url is not None
     base = f"http://127.0.0.1:{port}"
     for args in (["--args", "[1, 2]"], ["--args", "[3, 4]"], []):
         task = "calc.add" if args else "calc.fail"
