@@ -8,6 +8,12 @@ live in ``sqlite.sql``.
 URL options (query string): ``synchronous=full|normal`` (default ``full``: a committed job
 survives a power cut; ``normal`` is faster and survives a process crash, not an OS crash).
 
+The alert outbox, rate limits and concurrency slots live in the same file, so every worker process
+on it shares them; each acquire is one ``BEGIN IMMEDIATE`` transaction, atomic across processes.
+
+The file carries its schema version in ``PRAGMA user_version``; connecting upgrades an older file
+in place (see the list of versions in ``sqlite.sql``).
+
 sqlite3 is blocking, so each broker runs its statements on a worker thread, one at a time.
 Waiting for work polls ``PRAGMA data_version`` (cheap, takes no lock), which changes whenever
 another connection commits; producers in the same process wake waiters directly.
@@ -28,12 +34,16 @@ import anyio
 from taskkit.broker import Broker, redact_url
 from taskkit.errors import BrokerError, BrokerUnavailable, BrokerURLError
 from taskkit.job import (
+    ALERT_DETAIL_LIMIT,
+    Alert,
+    AlertEvent,
     Delivery,
     Job,
     JobInfo,
     JobState,
     Lease,
     QueueStats,
+    dead_alert_key,
     new_job_id,
     peek_task,
     validate_queue_name,
@@ -61,6 +71,11 @@ SQL = _load_sql()
 # Wakes waiters in this process as soon as a job is enqueued on the same file.
 _LOCAL_WAKEUPS: dict[str, set[anyio.Event]] = {}
 _POLL_MIN, _POLL_MAX = 0.002, 0.05
+# The schema this code writes (PRAGMA user_version); sqlite.sql lists what each version added.
+SCHEMA_VERSION = 2
+# A delivered alert row is kept this long past the end of its quiet window, and a rate row past
+# its free time, then dropped: a new event or acquire on the key behaves as if there were no row.
+_IDLE_ROW_KEEP = 86_400.0
 
 
 class SqliteBroker(Broker):
@@ -104,8 +119,7 @@ class SqliteBroker(Broker):
         conn.execute(f"PRAGMA synchronous={self._synchronous}")
         conn.execute("PRAGMA busy_timeout=30000")
         with _immediate(conn):
-            _run_script(conn, SQL["schema"])
-            _add_missing_columns(conn)
+            _upgrade(conn)
         return conn
 
     async def close(self) -> None:
@@ -303,8 +317,13 @@ class SqliteBroker(Broker):
             out: list[Delivery] = []
             with _immediate(conn):
                 # Every worker's recovery loop comes here now and then: the place to drop kept
-                # results and cancelled jobs whose time is up (an indexed delete).
+                # results and cancelled jobs whose time is up, alert rows long delivered, slots
+                # whose holder died and rate keys idle for a day (of tasks renamed or gone).
+                # Small indexed deletes (rates: a scan of a few rows), nearly free when idle.
                 conn.execute(SQL["purge_expired_results"], (now,))
+                conn.execute(SQL["purge_quiet_alerts"], (now - _IDLE_ROW_KEEP,))
+                conn.execute(SQL["purge_expired_slots"], (now,))
+                conn.execute(SQL["purge_idle_rates"], (now - _IDLE_ROW_KEEP,))
                 for queue in queues:
                     rows = conn.execute(
                         SQL["reclaim"],
@@ -333,8 +352,10 @@ class SqliteBroker(Broker):
     async def stats(self, now: float) -> dict[str, QueueStats]:
         def read(conn: sqlite3.Connection) -> dict[str, QueueStats]:
             out = {
-                q: QueueStats(ready=r or 0, scheduled=s or 0, running=n or 0, dead=d or 0)
-                for q, r, s, n, d in conn.execute(SQL["stats"], {"now": now})
+                q: QueueStats(
+                    ready=r or 0, scheduled=s or 0, running=n or 0, dead=d or 0, oldest_ready_at=o
+                )
+                for q, r, s, n, d, o in conn.execute(SQL["stats"], {"now": now})
             }
             for (queue,) in conn.execute(SQL["paused"]):
                 out.setdefault(queue, QueueStats()).paused = True
@@ -418,6 +439,113 @@ class SqliteBroker(Broker):
         if not paused:
             self._wake_local()
 
+    # -- the alert outbox ------------------------------------------------------------------
+
+    async def record_alert(self, event: AlertEvent, now: float) -> None:
+        def tx(conn: sqlite3.Connection) -> None:
+            with _immediate(conn):
+                _record_alert(conn, event, now)
+
+        await self._call(tx)
+
+    async def claim_alerts(self, limit: int, lease_for: float, now: float) -> list[Alert]:
+        if limit <= 0:
+            return []
+
+        def tx(conn: sqlite3.Connection) -> list[Alert]:
+            # Every worker polls here and nearly every poll finds nothing due: answer those from
+            # a plain read (WAL readers take no lock) instead of queueing for the write lock.
+            if not conn.execute(SQL["due_alerts"], {"now": now, "limit": 1}).fetchall():
+                return []
+            with _immediate(conn):
+                # Read again under the lock: another process may have claimed them meanwhile.
+                due = conn.execute(SQL["due_alerts"], {"now": now, "limit": limit}).fetchall()
+                # One UPDATE per key, in due order: RETURNING would only show the new next_at,
+                # which is the same for all of them, so it cannot say which was due first.
+                return [
+                    _alert(
+                        conn.execute(
+                            SQL["claim_alert"], {"key": key, "lease_until": now + lease_for}
+                        ).fetchall()[0]
+                    )
+                    for (key,) in due
+                ]
+
+        return await self._call(tx)
+
+    async def finish_alert(
+        self, alert: Alert, sent: bool, next_at: float, error: str | None, now: float
+    ) -> bool:
+        if alert.token is None:
+            return False  # never claimed, so it holds nothing to finish
+        params = {
+            "key": alert.key,
+            "token": alert.token,
+            "next_at": next_at,
+            "count": alert.count,
+            "error": error,
+            "now": now,
+        }
+
+        def tx(conn: sqlite3.Connection) -> bool:
+            with _immediate(conn):
+                name = "finish_alert_sent" if sent else "finish_alert_failed"
+                return conn.execute(SQL[name], params).rowcount == 1
+
+        return await self._call(tx)
+
+    async def list_alerts(self, pending_only: bool, limit: int) -> list[Alert]:
+        rows = await self._call(
+            lambda c: c.execute(
+                SQL["list_alerts"], {"pending_only": pending_only, "limit": limit}
+            ).fetchall()
+        )
+        return [_alert(r) for r in rows]
+
+    # -- flow control shared by every worker -------------------------------------------------
+
+    async def acquire_rate(self, key: str, interval: float, now: float) -> float:
+        def tx(conn: sqlite3.Connection) -> float:
+            with _immediate(conn):
+                params = {"key": key, "free_at": now + interval, "now": now}
+                if conn.execute(SQL["acquire_rate"], params).rowcount == 1:
+                    return 0.0
+                # Refused: the row exists and its free time is ahead (the upsert changed nothing).
+                (free_at,) = conn.execute(SQL["rate_free_at"], (key,)).fetchall()[0]
+            return max(0.0, float(free_at) - now)
+
+        return await self._call(tx)
+
+    async def acquire_slot(self, key: str, holder: str, limit: int, ttl: float, now: float) -> bool:
+        params = {"key": key, "holder": holder, "limit": limit, "expires_at": now + ttl}
+
+        def tx(conn: sqlite3.Connection) -> bool:
+            with _immediate(conn):
+                conn.execute(SQL["drop_expired_holders"], (key, now))
+                return conn.execute(SQL["acquire_slot"], params).rowcount == 1
+
+        return await self._call(tx)
+
+    async def extend_slots(self, slots: Sequence[tuple[str, str]], ttl: float, now: float) -> None:
+        if not slots:
+            return
+
+        def tx(conn: sqlite3.Connection) -> None:
+            with _immediate(conn):
+                conn.executemany(SQL["extend_slot"], [(now + ttl, k, h) for k, h in slots])
+
+        await self._call(tx)
+
+    async def release_slots(self, slots: Sequence[tuple[str, str]]) -> None:
+        if not slots:
+            return
+
+        def tx(conn: sqlite3.Connection) -> None:
+            with _immediate(conn):
+                conn.executemany(SQL["release_slot"], list(slots))
+
+        await self._call(tx)
+
 
 class _immediate:
     """``BEGIN IMMEDIATE`` ... ``COMMIT`` (``ROLLBACK`` on error): takes the write lock up front,
@@ -445,6 +573,17 @@ def _run_script(conn: sqlite3.Connection, script: str) -> None:
 _LATER_COLUMNS = {"started_at": "REAL", "progress": "TEXT"}
 
 
+def _upgrade(conn: sqlite3.Connection) -> None:
+    """Bring a file older than SCHEMA_VERSION (or a new, empty one) up to it, inside the caller's
+    transaction. Every schema statement is idempotent, so a file at any older version gains just
+    what it lacks; a current file is left alone, so connecting costs one read."""
+    if int(conn.execute("PRAGMA user_version").fetchone()[0]) >= SCHEMA_VERSION:
+        return
+    _run_script(conn, SQL["schema"])
+    _add_missing_columns(conn)
+    conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+
+
 def _add_missing_columns(conn: sqlite3.Connection) -> None:
     have = {row["name"] for row in conn.execute("PRAGMA table_info(jobs)")}
     for name, kind in _LATER_COLUMNS.items():
@@ -469,10 +608,39 @@ def _settle_one(conn: sqlite3.Connection, lease: Lease, outcome: Outcome, now: f
         refund = 0 if outcome.charge_attempt else 1
         cur = conn.execute(SQL["retry"], (outcome.run_at, outcome.error, refund, *key))
     elif isinstance(outcome, DeadLetter):
-        cur = conn.execute(SQL["dead"], (outcome.error, now, *key))
+        # Only a dead letter costs a second statement: its alert, in this same transaction, so
+        # a dead job is never without its alert nor an alert without its dead job.
+        rows = conn.execute(SQL["dead"], (outcome.error, now, *key)).fetchall()
+        if not rows:
+            return False
+        queue, task = rows[0]
+        event = AlertEvent(
+            dead_alert_key(queue, task), "dead", queue, task, lease.job_id, outcome.error
+        )
+        _record_alert(conn, event, now)
+        return True
     else:  # pragma: no cover - Outcome is a closed union
         raise TypeError(f"unknown outcome {outcome!r}")
     return cur.rowcount == 1
+
+
+def _record_alert(conn: sqlite3.Connection, event: AlertEvent, now: float) -> None:
+    conn.execute(
+        SQL["record_alert"],
+        {
+            "key": event.key,
+            "kind": event.kind,
+            "queue": event.queue,
+            "task": event.task,
+            "job_id": event.job_id,
+            "detail": event.detail[:ALERT_DETAIL_LIMIT],
+            "now": now,
+        },
+    )
+
+
+def _alert(row: sqlite3.Row) -> Alert:
+    return Alert(**{k: row[k] for k in row.keys()})
 
 
 def _info(row: sqlite3.Row, now: float) -> JobInfo:
