@@ -19,6 +19,7 @@ import argparse
 import sys
 import traceback
 from collections.abc import Awaitable, Callable, Sequence
+from urllib.parse import urlsplit
 
 import anyio
 
@@ -117,6 +118,11 @@ def peer_url(name: str, url: str, index: int, opts: Options) -> str:
     return with_database(url, f"taskkit_bench_{name}")
 
 
+def base_url(url: str) -> str:
+    """The URL without taskkit's query options (prefix, schema), for a peer's admin use."""
+    return urlsplit(url)._replace(query="").geturl()
+
+
 def systems_for(url: str, opts: Options) -> tuple[list[System], list[Skipped]]:
     """taskkit on ``url`` and the asked-for peers of its kind on the same server."""
     kind = kind_of(url)
@@ -131,7 +137,7 @@ def systems_for(url: str, opts: Options) -> tuple[list[System], list[Skipped]]:
         if name not in opts.peers or peers.kind(name) != kind:
             continue
         try:
-            out.append(peers.load(name, peer_url(name, url, index, opts)))
+            out.append(peers.load(name, peer_url(name, url, index, opts), base_url(url)))
         except Unavailable as exc:
             skipped.append(Skipped(name, kind, "all", str(exc)))
     return out, skipped

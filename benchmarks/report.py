@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import json
 import platform
+import subprocess
 import sys
 from collections.abc import Sequence
 from typing import Any
 
-from benchmarks.common import Figure, Skipped
+from benchmarks.common import ROOT, Figure, Skipped
 
 
 def _num(value: float, unit: str) -> str:
@@ -105,6 +106,9 @@ def as_json(
         "python": sys.version.split()[0],
         "platform": platform.platform(),
         "cpus": _cpus(),
+        "taskkit_commit": _git("rev-parse", "--short", "HEAD"),
+        # Uncommitted changes to the measured code: the figures are of the work tree, not HEAD.
+        "taskkit_dirty": bool(_git("status", "--porcelain", "--", "taskkit", "brokers")),
         "figures": [f.to_dict() for f in figures],
         "summary": summary(figures),
         "skipped": [vars(s) for s in skipped],
@@ -125,6 +129,14 @@ def _cpus() -> int:
     import os
 
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 0
+
+
+def _git(*args: str) -> str:
+    try:
+        out = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    return out.stdout.strip() if out.returncode == 0 else ""
 
 
 def dump(data: dict[str, Any]) -> str:

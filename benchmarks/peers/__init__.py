@@ -28,12 +28,14 @@ def kind(name: str) -> str:
     return PEERS[name][2]
 
 
-def load(name: str, url: str) -> System:
-    """The peer ``name`` on the server of ``url`` (it picks its own db number or database)."""
-    module_name, class_name, _ = PEERS[name]
+def load(name: str, url: str, admin_url: str) -> System:
+    """The peer ``name`` on ``url`` (its own db number or database; ``admin_url``: the server's
+    database a PostgreSQL peer creates its own from)."""
+    module_name, class_name, kind_ = PEERS[name]
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
         raise Unavailable(f"not installed ({exc.name or exc}): pip install -e '.[bench]'") from None
-    system: System = getattr(module, class_name)(url)
+    cls = getattr(module, class_name)
+    system: System = cls(url, admin_url) if kind_ == "postgresql" else cls(url)
     return system
