@@ -30,8 +30,8 @@ from taskkit.job import (
     JobState,
     Lease,
     QueueStats,
-    new_job_id,
     dead_alert_key,
+    new_job_id,
     peek_task,
     validate_queue_name,
 )

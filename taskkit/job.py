@@ -246,8 +246,8 @@ class QueueStats:
     running: int = 0
     dead: int = 0
     paused: bool = False
-    # When the longest-waiting ready job became due (its run time, or enqueue time); None when
-    # nothing is ready. What a queue-stall alert is measured from.
+    # When the longest-waiting ready job became due (its run_at); None when nothing is ready.
+    # What a queue-stall alert is measured from.
     oldest_ready_at: float | None = None
 
     def to_dict(self) -> dict[str, Any]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 import re
 import textwrap
 from pathlib import Path
@@ -66,6 +67,7 @@ def test_enqueue_work_inspect_and_manage_dead_letters(project: Path) -> None:
     assert fail.returncode == 0 and later.returncode == 0
 
     info = json.loads(run_cli(project, "info", "--json", "--broker", url).stdout)
+    oldest = info["queues"]["math"].pop("oldest_ready_at")
     assert info["queues"]["math"] == {
         "ready": 2,
         "scheduled": 1,
@@ -73,6 +75,7 @@ def test_enqueue_work_inspect_and_manage_dead_letters(project: Path) -> None:
         "dead": 0,
         "paused": False,
     }
+    assert isinstance(oldest, float) and abs(oldest - time.time()) < 60
 
     worker = run_cli(project, "worker", "clitasks:router", "--burst", "--broker", url)
     assert worker.returncode == 0, worker.stderr
