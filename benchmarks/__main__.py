@@ -5,12 +5,13 @@
     python -m benchmarks all --broker sqlite:///.bench-cache/bench.db \\
         --broker redis://127.0.0.1:6379/0 --broker postgresql://postgres@127.0.0.1:5432/test
 
-Sub-commands: enqueue, drain, latency, scale, memory, all. ``--broker`` may be repeated: taskkit
-runs on each, and the peers of each broker's kind (Redis: TaskIQ, Huey, Dramatiq, SAQ, Celery;
-PostgreSQL: PgQueuer, Procrastinate) run on the same server, each in its own Redis db number
-(``--redis-db-base`` and up, FLUSHDB'ed) or its own PostgreSQL database (created and dropped).
-Every figure is the median of ``--repeat`` runs, printed with its min-max spread. Progress goes to
-stderr; the table (or ``--json``) to stdout. See benchmarks/README.md.
+Sub-commands: enqueue, drain, latency, scale, memory (several may be given), all.
+``--broker`` may be repeated: taskkit runs on each, and the peers of each broker's kind (Redis:
+TaskIQ, Huey, Dramatiq, SAQ, Celery; PostgreSQL: PgQueuer, Procrastinate) run on the same
+server, each in its own Redis db number (``--redis-db-base`` and up, FLUSHDB'ed) or its own
+PostgreSQL database (created and dropped). Every figure is the median of ``--repeat`` runs,
+printed with its min-max spread. Progress goes to stderr; the table (or ``--json``) to stdout.
+See benchmarks/README.md.
 """
 
 from __future__ import annotations
@@ -70,7 +71,12 @@ def build_parser() -> argparse.ArgumentParser:
         description=(__doc__ or "").split("\n\n")[0],
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("command", choices=[*ORDER, "all"])
+    p.add_argument(
+        "command",
+        nargs="+",
+        choices=[*ORDER, "all"],
+        help="one or more, run in this order: " + ", ".join(ORDER) + "; all = every one",
+    )
     p.add_argument(
         "--broker",
         action="append",
@@ -205,7 +211,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         timeout=args.timeout,
     )
     CACHE.mkdir(exist_ok=True)
-    commands = ORDER if args.command == "all" else [args.command]
+    commands = [c for c in ORDER if "all" in args.command or c in args.command]
     figures, ok = anyio.run(run, commands, opts)
     command = ["python", "-m", "benchmarks", *(sys.argv[1:] if argv is None else argv)]
     if args.json:
