@@ -17,7 +17,7 @@ from __future__ import annotations
 import enum
 import json
 import re
-import uuid
+import os
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
@@ -46,8 +46,18 @@ def validate_queue_name(name: str) -> str:
 
 
 def new_job_id() -> str:
-    """A fresh job id: 32 hex characters."""
-    return uuid.uuid4().hex
+    """A fresh job id: 32 random hex characters (uuid4's randomness without building a UUID,
+    which costs more than the rest of a job on the enqueue hot path)."""
+    return os.urandom(16).hex()
+
+
+def validate_task_name(name: str) -> str:
+    """Raise ConfigurationError unless ``name`` is a valid task name; return it."""
+    if not isinstance(name, str) or not _TASK_RE.match(name):
+        raise ConfigurationError(
+            f"invalid task name {name!r}: use 1-200 printable characters without spaces"
+        )
+    return name
 
 
 class JobState(enum.StrEnum):

@@ -6,7 +6,7 @@ import pytest
 from pydantic import BaseModel
 
 from taskkit import Router, task
-from taskkit.errors import ArgumentsInvalid, DuplicateTaskName, EnqueueError
+from taskkit.errors import ArgumentsInvalid, ConfigurationError, DuplicateTaskName, EnqueueError
 
 
 async def fetch(url: str, retries: int = 3) -> str:
@@ -99,3 +99,20 @@ def test_options_override_per_call_and_keep_the_task() -> None:
         1,
     )
     assert t.build_job(("u",), {}, 0.0).queue == "a"
+
+
+def test_a_bad_task_name_is_refused_when_the_task_is_made() -> None:
+    with pytest.raises(ConfigurationError, match="invalid task name 'two words'"):
+
+        @Router().task(name="two words")
+        def f() -> None: ...
+
+
+def test_enqueue_options_are_checked_when_set() -> None:
+    @Router().task(name="t.opt")
+    def f() -> None: ...
+
+    with pytest.raises(ConfigurationError, match="dedupe_key"):
+        f.options(dedupe_key="x" * 513)
+    with pytest.raises(ConfigurationError, match="priority"):
+        f.options(priority="high")  # type: ignore[arg-type]
