@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import enum
 import json
-import re
 import os
+import re
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
