@@ -17,15 +17,17 @@ See benchmarks/README.md.
 from __future__ import annotations
 
 import argparse
+import shutil
 import sys
 import traceback
 from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
 from urllib.parse import urlsplit
 
 import anyio
 
 from benchmarks import drain, enqueue, latency, memory, peers, scale
-from benchmarks.common import CACHE, Figure, Options, Skipped, progress
+from benchmarks.common import RUN_DIR, Figure, Options, Skipped, progress
 from benchmarks.report import as_json, as_text, dump
 from benchmarks.subject import Taskkit, check_broker
 from benchmarks.system import System, Unavailable, kind_of, with_database, with_db
@@ -81,7 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--broker",
         action="append",
         metavar="URL",
-        help="taskkit broker URL, repeatable (default: sqlite:///.bench-cache/bench.db)",
+        help="taskkit broker URL, repeatable (default: a SQLite file under .bench-cache/)",
     )
     p.add_argument("--jobs", type=int, default=20_000, help="jobs per drain / batch enqueue")
     p.add_argument(
@@ -95,6 +97,7 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"comma list, all or none (known: {', '.join(peers.PEERS)}; all = all but arq)",
     )
     p.add_argument("--json", action="store_true", help="print JSON instead of the table")
+    p.add_argument("--json-out", metavar="FILE", help="also write the JSON to FILE")
     p.add_argument(
         "--concurrency", type=int, default=10, help="taskkit worker concurrency (CLI default 10)"
     )
@@ -196,7 +199,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if isinstance(args.peers, str):  # the default, not parsed by argparse
         args.peers = parse_peers(args.peers)
     opts = Options(
-        brokers=args.broker or [f"sqlite:///{CACHE / 'bench.db'}"],
+        brokers=args.broker or [f"sqlite:///{RUN_DIR / 'bench.db'}"],
         jobs=args.jobs,
         single_jobs=args.single_jobs,
         repeat=args.repeat,
@@ -210,12 +213,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         redis_db_base=args.redis_db_base,
         timeout=args.timeout,
     )
-    CACHE.mkdir(exist_ok=True)
+    RUN_DIR.mkdir(parents=True, exist_ok=True)
     commands = [c for c in ORDER if "all" in args.command or c in args.command]
     figures, ok = anyio.run(run, commands, opts)
+    if ok:  # keep the worker logs of a failed run to read
+        shutil.rmtree(RUN_DIR, ignore_errors=True)
     command = ["python", "-m", "benchmarks", *(sys.argv[1:] if argv is None else argv)]
+    data = as_json(command, figures, _SKIPPED)
+    if args.json_out:
+        Path(args.json_out).write_text(dump(data) + "\n")
     if args.json:
-        print(dump(as_json(command, figures, _SKIPPED)))
+        print(dump(data))
     else:
         print(as_text(figures, _SKIPPED))
     return 0 if ok else 1

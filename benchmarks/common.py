@@ -19,8 +19,10 @@ from typing import Any
 import anyio
 
 ROOT = Path(__file__).resolve().parent.parent
-# Scratch files (markers, latency logs, the default SQLite database): gitignored.
+# Scratch files (markers, latency logs, worker logs, the default SQLite database): gitignored.
 CACHE = ROOT / ".bench-cache"
+# This run's own folder: two runs at once (two pytest sessions in one tree) never share a marker.
+RUN_DIR = CACHE / f"run-{os.getpid()}"
 
 
 @dataclass
@@ -85,8 +87,8 @@ def progress(message: str) -> None:
 
 def scratch(name: str) -> Path:
     """A fresh path under the cache directory (any old file of that name removed)."""
-    CACHE.mkdir(exist_ok=True)
-    path = CACHE / name
+    RUN_DIR.mkdir(parents=True, exist_ok=True)
+    path = RUN_DIR / name
     with contextlib.suppress(FileNotFoundError):
         path.unlink()
     return path
