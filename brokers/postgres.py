@@ -37,6 +37,11 @@ channel ``taskkit.<schema>`` (payload: the queue name). A ``reserve`` with nothi
 a dedicated connection (re-armed after a reconnect) and claims again when its queues are
 notified, or after a short poll interval, which also picks up scheduled jobs as they come due.
 
+Alerts and flow control: a dead letter records its alert (see ``Broker.settle``) in the settle
+statement itself, so the two commit together; the alert outbox, the rate-limit and the
+concurrency-slot tables, and how each is kept consistent under concurrent workers, are described
+in ``postgres_migrations.sql``. Like every other time, their times are the caller's ``now``.
+
 Connection trouble (the server restarts, fails over or drops connections): the call that meets it
 raises ``BrokerUnavailable``, one line naming the server without its password, and every pooled
 connection is replaced on its next use (asyncpg may otherwise hand out a connection the server has
@@ -73,6 +78,9 @@ from taskkit.errors import (
     TaskkitError,
 )
 from taskkit.job import (
+    ALERT_DETAIL_LIMIT,
+    Alert,
+    AlertEvent,
     Delivery,
     Job,
     JobInfo,
@@ -101,8 +109,13 @@ _LISTEN_RETRY_FIRST = 0.25
 _LISTEN_RETRY = 5.0
 _PRUNE_EVERY = 10.0  # seconds of the caller's clock between prunes of expired results
 _PRUNE_BATCH = 1000
+# Delivered alerts, idle rate keys and expired slots are kept this long before the prune drops
+# them: a day of alert history for `taskkit alerts list`, and far beyond any clock skew between
+# workers, so a row one of them still counts on is never pruned from under it.
+_PRUNE_IDLE_AFTER = 86_400.0
 _RACE_RETRIES = 3
 _WRITE_TIMEOUT = 30.0  # bound on a shielded write (see _write)
+_RATE_RETRY = 0.05  # the wait acquire_rate answers when it could not read the next free time
 
 # Driver errors that mean "the connection broke": the server went away or restarted, or the
 # driver lost track of the protocol on a connection the server was closing. Every pooled
@@ -258,16 +271,27 @@ class _Row:
 
 def _job_row(job: Job, now: float) -> _Row:
     return _Row(
-        job.id, job.queue, job.task, job.priority, now if job.run_at is None else job.run_at,
-        job.max_attempts, job.to_wire(), job.dedupe_key,
+        job.id,
+        job.queue,
+        job.task,
+        job.priority,
+        now if job.run_at is None else job.run_at,
+        job.max_attempts,
+        job.to_wire(),
+        job.dedupe_key,
     )
 
 
 def _columns(rows: Sequence[_Row]) -> tuple[list[Any], ...]:
     return (
-        [r.id for r in rows], [r.queue for r in rows], [r.task for r in rows],
-        [r.priority for r in rows], [r.run_at for r in rows], [r.max_attempts for r in rows],
-        [r.payload for r in rows], [r.dedupe_key for r in rows],
+        [r.id for r in rows],
+        [r.queue for r in rows],
+        [r.task for r in rows],
+        [r.priority for r in rows],
+        [r.run_at for r in rows],
+        [r.max_attempts for r in rows],
+        [r.payload for r in rows],
+        [r.dedupe_key for r in rows],
     )
 
 
@@ -282,6 +306,29 @@ def _settle_row(outcome: Outcome) -> tuple[str, str | None, float | None, bool]:
     if isinstance(outcome, DeadLetter):
         return "dead", outcome.error, None, True
     raise TypeError(f"not an Outcome: {outcome!r}")
+
+
+def _alert(rec: Any) -> Alert:
+    return Alert(
+        key=rec["key"],
+        kind=rec["kind"],
+        queue=rec["queue"],
+        task=rec["task"],
+        job_id=rec["job_id"],
+        detail=rec["detail"],
+        count=rec["count"],
+        first_at=rec["first_at"],
+        last_at=rec["last_at"],
+        next_at=rec["next_at"],
+        attempts=rec["attempts"],
+        last_error=rec["last_error"],
+        sent_at=rec["sent_at"],
+        token=rec["token"],
+    )
+
+
+def _slot_columns(slots: Sequence[tuple[str, str]]) -> tuple[list[str], list[str]]:
+    return [key for key, _ in slots], [holder for _, holder in slots]
 
 
 def _payload(rec: Any) -> str | bytes:
@@ -302,11 +349,22 @@ def _info(rec: Any, now: float | None) -> JobInfo:
     if isinstance(payload, bytes):
         payload = payload.decode("utf-8", "replace")
     return JobInfo(
-        id=rec["id"], queue=rec["queue"], state=state, task=rec["task"] or peek_task(payload),
-        attempts=rec["attempts"], payload=payload, max_attempts=rec["max_attempts"],
-        priority=rec["priority"], run_at=rec["run_at"], enqueued_at=rec["enqueued_at"],
-        finished_at=rec["finished_at"], last_error=rec["last_error"], result=rec["result"],
-        dedupe_key=rec["dedupe_key"], started_at=rec["started_at"], progress=rec["progress"],
+        id=rec["id"],
+        queue=rec["queue"],
+        state=state,
+        task=rec["task"] or peek_task(payload),
+        attempts=rec["attempts"],
+        payload=payload,
+        max_attempts=rec["max_attempts"],
+        priority=rec["priority"],
+        run_at=rec["run_at"],
+        enqueued_at=rec["enqueued_at"],
+        finished_at=rec["finished_at"],
+        last_error=rec["last_error"],
+        result=rec["result"],
+        dedupe_key=rec["dedupe_key"],
+        started_at=rec["started_at"],
+        progress=rec["progress"],
     )
 
 
@@ -413,8 +471,9 @@ class PostgresBroker(Broker):
             )
 
     async def _write(self, query: str, *args: Any) -> list[Any]:
-        """Run a statement that moves leases (claim, extend, settle, release), shielded from
-        cancellation and bounded by a timeout.
+        """Run a statement that moves leases (claim, extend, settle, release; the alert
+        outbox's claims and slot heartbeats and releases too), shielded from cancellation and
+        bounded by a timeout.
 
         Cancelling one mid-statement (a shutdown tearing down the worker's tasks) would leave it
         unknown whether it happened: a decided outcome could be lost, or jobs claimed for
@@ -451,7 +510,10 @@ class PostgresBroker(Broker):
             # while the server is down logs a traceback per try; connections are (re)made when
             # a call needs one, and a failure reaches the caller as BrokerUnavailable.
             pool = await asyncpg.create_pool(
-                self.options.dsn, min_size=0, max_size=self._pool_size, reset=_keep_session,
+                self.options.dsn,
+                min_size=0,
+                max_size=self._pool_size,
+                reset=_keep_session,
                 **self._connect_kwargs(),
             )
             try:
@@ -632,14 +694,18 @@ class PostgresBroker(Broker):
             return []
         async with self._errors("extend"):
             recs = await self._write(
-                self._sql.q["extend"], [ls.job_id for ls in leases], [ls.token for ls in leases],
+                self._sql.q["extend"],
+                [ls.job_id for ls in leases],
+                [ls.token for ls in leases],
                 now + lease_for,
             )
         owned = {(r["id"], r["lease_token"]) for r in recs}
         return [ls for ls in leases if (ls.job_id, ls.token) not in owned]
 
     async def settle(self, items: Sequence[tuple[Lease, Outcome]], now: float) -> list[bool]:
-        """See Broker.settle: one statement for the whole batch, whatever the mix of outcomes."""
+        """See Broker.settle: one statement for the whole batch, whatever the mix of outcomes,
+        dead letters' alerts included (so each alert commits with its dead letter, or neither
+        does)."""
         if not items:
             return []
         leases = [lease for lease, _ in items]
@@ -648,10 +714,14 @@ class PostgresBroker(Broker):
         async with self._errors("settle"):
             recs = await self._write(
                 self._sql.q["settle"],
-                [ls.job_id for ls, _ in batch], [ls.token for ls, _ in batch],
-                [row[0] for _, row in batch], [row[1] for _, row in batch],
-                [row[2] for _, row in batch], [row[3] for _, row in batch],
+                [ls.job_id for ls, _ in batch],
+                [ls.token for ls, _ in batch],
+                [row[0] for _, row in batch],
+                [row[1] for _, row in batch],
+                [row[2] for _, row in batch],
+                [row[3] for _, row in batch],
                 now,
+                ALERT_DETAIL_LIMIT,
             )
         return _first_wins(leases, {(r["id"], r["token"]) for r in recs})
 
@@ -661,7 +731,9 @@ class PostgresBroker(Broker):
             return
         async with self._errors("release"):
             await self._write(
-                self._sql.q["release"], [ls.job_id for ls in leases], [ls.token for ls in leases],
+                self._sql.q["release"],
+                [ls.job_id for ls in leases],
+                [ls.token for ls in leases],
                 now,
             )
 
@@ -680,17 +752,21 @@ class PostgresBroker(Broker):
         return [_delivery(r) for r in recs]
 
     async def _prune(self, now: float) -> None:
-        """Delete a batch of expired kept results and cancelled jobs, at most every
-        ``_PRUNE_EVERY`` seconds."""
+        """Delete a batch of expired kept results and cancelled jobs, and of delivered alerts,
+        idle rate keys and abandoned slots over ``_PRUNE_IDLE_AFTER`` old, at most every
+        ``_PRUNE_EVERY`` seconds: one statement."""
         if now < self._next_prune:
             return
         try:
             async with self._errors("prune"):
-                gone = await self.pool.fetchval(self._sql.q["prune_results"], now, _PRUNE_BATCH)
+                gone = await self.pool.fetchval(
+                    self._sql.q["prune"], now, _PRUNE_BATCH, _PRUNE_IDLE_AFTER
+                )
         except BrokerError as exc:
-            log.warning("pruning expired results failed: %s", exc)
+            log.warning("pruning expired rows failed: %s", exc)
             return
-        # A full batch means more are waiting: prune again on the next call.
+        # A full batch of jobs means more are waiting: prune again on the next call. (The other
+        # tables change slowly; a batch each pass keeps up with them.)
         self._next_prune = now if gone >= _PRUNE_BATCH else now + _PRUNE_EVERY
 
     # -- wake-ups ----------------------------------------------------------------------------
@@ -751,7 +827,9 @@ class PostgresBroker(Broker):
             log.log(
                 logging.WARNING if self._listen_failures == 1 else logging.DEBUG,
                 "cannot LISTEN on %s (%s); polling meanwhile, retrying in %.2g s",
-                self._safe_url, _one_line(self._scrub(str(exc) or type(exc).__name__)), pause,
+                self._safe_url,
+                _one_line(self._scrub(str(exc) or type(exc).__name__)),
+                pause,
             )
             return None
         if self._listen_failures:
@@ -777,8 +855,12 @@ class PostgresBroker(Broker):
             recs = await self.pool.fetch(self._sql.q["stats"], now)
         return {
             r["queue"]: QueueStats(
-                ready=r["ready"], scheduled=r["scheduled"], running=r["running"], dead=r["dead"],
+                ready=r["ready"],
+                scheduled=r["scheduled"],
+                running=r["running"],
+                dead=r["dead"],
                 paused=r["paused"],
+                oldest_ready_at=r["oldest_ready_at"],
             )
             for r in recs
         }
@@ -844,6 +926,108 @@ class PostgresBroker(Broker):
         validate_queue_name(queue)
         async with self._errors("set_paused"):
             await self.pool.execute(self._sql.q["pause" if paused else "resume"], queue)
+
+    # -- the alert outbox --------------------------------------------------------------------
+
+    async def record_alert(self, event: AlertEvent, now: float) -> None:
+        """See Broker.record_alert: one upsert on the key's row."""
+        async with self._errors("record_alert"):
+            await self.pool.execute(
+                self._sql.q["record_alert"],
+                event.key,
+                event.kind,
+                event.queue,
+                event.task,
+                event.job_id,
+                event.detail[:ALERT_DETAIL_LIMIT],
+                now,
+            )
+
+    async def claim_alerts(self, limit: int, lease_for: float, now: float) -> list[Alert]:
+        """See Broker.claim_alerts: one statement; shielded like a job claim, so a caller
+        cancelled mid-claim does not leave alerts leased to nobody."""
+        if limit <= 0:
+            return []
+        async with self._errors("claim_alerts"):
+            recs = await self._write(self._sql.q["claim_alerts"], now, limit, lease_for)
+        return [_alert(r) for r in recs]
+
+    async def finish_alert(
+        self, alert: Alert, sent: bool, next_at: float, error: str | None, now: float
+    ) -> bool:
+        """See Broker.finish_alert: one UPDATE fenced by (key, token)."""
+        if alert.token is None:
+            return False
+        async with self._errors("finish_alert"):
+            recs = await self._write(
+                self._sql.q["finish_alert"],
+                alert.key,
+                alert.token,
+                sent,
+                next_at,
+                alert.count,
+                error,
+                now,
+            )
+        return bool(recs)
+
+    async def list_alerts(self, pending_only: bool, limit: int) -> list[Alert]:
+        """See Broker.list_alerts."""
+        async with self._errors("list_alerts"):
+            recs = await self.pool.fetch(self._sql.q["list_alerts"], pending_only, limit)
+        return [_alert(r) for r in recs]
+
+    # -- flow control ------------------------------------------------------------------------
+
+    async def acquire_rate(self, key: str, interval: float, now: float) -> float:
+        """See Broker.acquire_rate: one upsert, conditional on the next free time. A refusal
+        whose snapshot missed the grant that caused it reads the next free time again."""
+        async with self._errors("acquire_rate"):
+            for _ in range(_RACE_RETRIES):
+                rec = await self.pool.fetchrow(self._sql.q["acquire_rate"], key, interval, now)
+                if rec["granted"]:
+                    return 0.0
+                free_at: float | None = rec["free_at"]
+                if free_at is None or free_at <= now:
+                    free_at = await self.pool.fetchval(self._sql.q["rate_free_at"], key)
+                if free_at is not None and free_at > now:
+                    return free_at - now
+                # Between the two reads the row was pruned, or re-made by the grant of a caller
+                # whose clock is behind: ask again.
+        # Still unsettled: refuse, briefly. A refusal records nothing, so it is always safe.
+        return _RATE_RETRY
+
+    async def acquire_slot(self, key: str, holder: str, limit: int, ttl: float, now: float) -> bool:
+        """See Broker.acquire_slot: one transaction that takes the key's advisory lock, then
+        decides and writes in one statement (see lock_slot_key and acquire_slot in
+        postgres_queries.sql). Shielded: a caller cancelled mid-call must not leave a slot held
+        that it does not know about (it would block the key until ``ttl`` runs out)."""
+        q = self._sql.q
+        async with self._errors("acquire_slot"):
+            with anyio.CancelScope(shield=True):
+                async with self.pool.acquire() as conn, conn.transaction():
+                    await conn.execute(q["lock_slot_key"], key, timeout=_WRITE_TIMEOUT)
+                    held = await conn.fetchval(
+                        q["acquire_slot"], key, holder, limit, ttl, now, timeout=_WRITE_TIMEOUT
+                    )
+        return bool(held)
+
+    async def extend_slots(self, slots: Sequence[tuple[str, str]], ttl: float, now: float) -> None:
+        """See Broker.extend_slots: one UPDATE for the batch."""
+        if not slots:
+            return
+        keys, holders = _slot_columns(slots)
+        async with self._errors("extend_slots"):
+            await self._write(self._sql.q["extend_slots"], keys, holders, now + ttl)
+
+    async def release_slots(self, slots: Sequence[tuple[str, str]]) -> None:
+        """See Broker.release_slots: one DELETE for the batch, shielded so a shutdown that
+        cancels the caller still gives the slots back."""
+        if not slots:
+            return
+        keys, holders = _slot_columns(slots)
+        async with self._errors("release_slots"):
+            await self._write(self._sql.q["release_slots"], keys, holders)
 
 
 async def _keep_session(conn: Any) -> None:

@@ -64,10 +64,48 @@
 -- jobs_running_idx joined against every batch row, instead of one primary-key lookup per row.
 --
 -- {schema}.paused_queues: one row per paused queue; claims skip them.
+--
 -- {schema}.enqueue(...): the SQL entry point for foreign producers (see the function's comment).
 -- A bare `INSERT INTO {schema}.jobs (payload) VALUES ('{"task": ...}')` works too (the columns
 -- default to a fresh id, the default queue, pending, due now by the database clock), but it wakes
 -- no idle worker: they find the job at their next poll. Prefer the function.
+--
+-- {schema}.alerts (0003): the alert outbox, one row per alert key (`dead:<queue>:<task>`,
+-- `stall:<queue>`). Recording an event merges into its key's row, so a flood of dead jobs of one
+-- task is one pending alert with a count; dead letters record theirs in the settle statement
+-- itself (same transaction as the dead letter).
+--
+--   key           text PK     the alert key
+--   kind, queue, task, job_id, detail   the latest event's (detail cut to ALERT_DETAIL_LIMIT)
+--   count         int         events waiting to be delivered; 0 once delivered
+--   first_at      float8      the first waiting event (when count went from 0 to 1)
+--   last_at       float8      the latest event
+--   next_at       float8      earliest (re)try: a claim's lease, a failed delivery's backoff, or
+--                             the end of a delivered alert's quiet window
+--   attempts      int         failed deliveries since the last success
+--   last_error    text        why the last delivery failed
+--   sent_at       float8      the last successful delivery
+--   token         text        set by a claim; fences the claimer's finish
+--
+--   Only the primary key: there is one row per key (queues x tasks), few enough for claims and
+--   listings to read them all; and with no second index, the count updates of a flood of dead
+--   letters can be HOT. Delivered rows (count 0) whose next_at is over a day old are pruned with
+--   the kept results.
+--
+-- {schema}.rates (0003): one row per rate-limit key; `next_free` is when the next grant may be
+-- made. A grant is one INSERT ... ON CONFLICT DO UPDATE ... WHERE next_free <= now. A row whose
+-- next_free is in the past means the same as no row; rows idle for a day are pruned.
+--
+-- {schema}.slots (0003): concurrency slots, one row per (key, holder) with its expiry. Acquiring
+-- serialises on pg_advisory_xact_lock of the key, taken by a statement of its own first: a holder
+-- a concurrent acquire inserts is invisible to a statement whose snapshot predates its commit, so
+-- no single counting statement is race-free. It then locks the key's rows FOR UPDATE, which reads
+-- heartbeats and releases committed meanwhile; every write to slots locks rows in (key, holder)
+-- order, so they never deadlock. Expired rows are dropped by the key's next acquire; those of
+-- keys nobody asks for again are pruned a day after they expired.
+--
+-- {schema}.payload_task(text) (0003): the task name of a wire payload, or NULL, as the core's
+-- peek_task reads it; names the dead alert of a job whose task column is NULL (a bare INSERT).
 
 
 -- migration: 0001_initial
@@ -236,3 +274,59 @@ ALTER TABLE {schema}.jobs ADD CONSTRAINT jobs_state_check
 DROP INDEX {schema}.jobs_expiry_idx;
 CREATE INDEX jobs_expiry_idx ON {schema}.jobs (expires_at)
     WHERE state IN ('done', 'cancelled');
+
+
+-- migration: 0003_alerts_flow_control
+--
+-- The alert outbox, shared rate limits and concurrency slots (see the layout above). Only new
+-- objects: the jobs table is untouched, so the upgrade is instant on a live schema.
+
+CREATE TABLE {schema}.alerts (
+    key         text PRIMARY KEY,
+    kind        text NOT NULL,
+    queue       text NOT NULL,
+    task        text,
+    job_id      text,
+    detail      text NOT NULL,
+    count       integer NOT NULL CHECK (count >= 0),
+    first_at    double precision NOT NULL,
+    last_at     double precision NOT NULL,
+    next_at     double precision NOT NULL,
+    attempts    integer NOT NULL DEFAULT 0,
+    last_error  text,
+    sent_at     double precision,
+    token       text
+) WITH (fillfactor = 80);  -- a hot key's row is updated by every dead letter: room for HOT
+
+CREATE TABLE {schema}.rates (
+    key        text PRIMARY KEY,
+    next_free  double precision NOT NULL
+) WITH (fillfactor = 80);
+
+CREATE TABLE {schema}.slots (
+    key         text NOT NULL,
+    holder      text NOT NULL,
+    expires_at  double precision NOT NULL,
+    PRIMARY KEY (key, holder)
+) WITH (fillfactor = 80);
+
+-- Mirrors taskkit.job.peek_task: a JSON object whose "task" is a string of 1-200 printable
+-- characters without whitespace (the enqueue function's check); anything else is NULL. Called by
+-- settle only for dead jobs whose task column is NULL. The exception block (a subtransaction)
+-- turns text that is not JSON, or JSON that jsonb cannot hold (\u0000, too deep), into NULL.
+CREATE FUNCTION {schema}.payload_task(payload text) RETURNS text
+LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE
+AS $$
+DECLARE
+    body  jsonb;
+BEGIN
+    body := payload::jsonb;
+    IF jsonb_typeof(body) = 'object' AND jsonb_typeof(body -> 'task') = 'string'
+       AND body ->> 'task' ~ '^[^\x01-\x20\x7f-\x9f]{1,200}$' THEN
+        RETURN body ->> 'task';
+    END IF;
+    RETURN NULL;
+EXCEPTION WHEN data_exception OR program_limit_exceeded THEN
+    RETURN NULL;
+END
+$$;

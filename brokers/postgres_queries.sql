@@ -8,7 +8,7 @@
 -- the caller's clock; batches travel as parallel arrays unnested server-side, so a batch of any
 -- size is one round trip; every write after a claim matches (id, lease_token): a non-NULL token
 -- means state = 'running' (a CHECK constraint; see postgres_migrations.sql for why the state is
--- not repeated in these statements).
+-- not repeated in these statements). Alerts are fenced the same way, by (key, token).
 -- A statement that makes jobs runnable wakes idle workers with at most one pg_notify per queue
 -- (payload: the queue name); notifications are delivered when the transaction commits.
 
@@ -142,12 +142,18 @@ RETURNING j.id, j.lease_token;
 -- Apply a batch of outcomes in one statement. kind: 'ack' (complete, nothing kept: the row is
 -- deleted), 'keep' (complete, result kept until keep_until), 'retry', 'dead'. Returns the
 -- (id, token) pairs applied. Retries that are due at once wake idle workers of their queue.
+-- Every applied dead letter records its alert here, so in the dead letter's own transaction:
+-- key dead:<queue>:<task> ('?' when the payload names none), merged as record_alert merges. One
+-- INSERT ... ON CONFLICT cannot touch a row twice, so the batch's dead jobs are first grouped
+-- per key: a group of n counts as n events, and its last job in batch order is the latest event
+-- (job_id and detail). Alert rows are written in key order, so concurrent batches lock shared
+-- keys in one order and cannot deadlock on them.
 -- $1 ids, $2 tokens, $3 kinds, $4 text (result or error), $5 time (keep_until or run_at),
--- $6 charge_attempt, $7 now
+-- $6 charge_attempt, $7 now, $8 the alert detail limit (characters)
 WITH s AS MATERIALIZED (
     SELECT *
     FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::float8[], $6::bool[])
-         AS s(id, token, kind, body, at, charge)
+         WITH ORDINALITY AS s(id, token, kind, body, at, charge, pos)
 ),
 acked AS (
     DELETE FROM {schema}.jobs AS j
@@ -169,11 +175,44 @@ moved AS (
         lease_until = NULL
     FROM s
     WHERE s.kind <> 'ack' AND j.id = s.id AND j.lease_token = s.token
-    RETURNING j.id, s.token, j.queue, s.kind, s.at
+    RETURNING j.id, s.token, j.queue, s.kind, s.at, s.body, s.pos,
+              -- The payload is parsed only for a dead job stored without a task name.
+              CASE WHEN s.kind = 'dead'
+                   THEN coalesce(j.task, {schema}.payload_task(j.payload)) END AS task
 ),
 woken AS (
     SELECT count(pg_notify('{channel}', q.queue)) AS n
     FROM (SELECT DISTINCT queue FROM moved WHERE kind = 'retry' AND at <= $7) AS q
+),
+dead AS (
+    SELECT DISTINCT ON (d.key)
+           d.key, d.queue, d.task, d.id AS job_id,
+           coalesce(left(d.body, $8::int), '') AS detail,
+           count(*) OVER (PARTITION BY d.key) AS events
+    FROM (
+        SELECT 'dead:' || m.queue || ':' || coalesce(m.task, '?') AS key, m.*
+        FROM moved AS m
+        WHERE m.kind = 'dead'
+    ) AS d
+    ORDER BY d.key, d.pos DESC
+),
+alerted AS (
+    INSERT INTO {schema}.alerts AS a
+        (key, kind, queue, task, job_id, detail, count, first_at, last_at, next_at)
+    SELECT key, 'dead', queue, task, job_id, detail, events, $7::float8, $7::float8, $7::float8
+    FROM dead
+    ORDER BY key
+    ON CONFLICT (key) DO UPDATE
+    SET count = a.count + excluded.count,
+        first_at = CASE WHEN a.count = 0 THEN excluded.first_at ELSE a.first_at END,
+        last_at = excluded.last_at,
+        next_at = CASE WHEN a.count = 0 THEN greatest(a.next_at, excluded.next_at)
+                       ELSE a.next_at END,
+        kind = excluded.kind,
+        queue = excluded.queue,
+        task = excluded.task,
+        job_id = excluded.job_id,
+        detail = excluded.detail
 )
 SELECT id, token FROM acked
 UNION ALL
@@ -218,9 +257,12 @@ WHERE j.id = expired.id
 RETURNING j.id, j.queue, j.payload, j.payload_raw, j.attempts, j.lease_token, j.lease_until;
 
 
--- name: prune_results
--- Drop up to $2 kept results and cancelled jobs that expired by $1 (jobs_expiry_idx). Returns
--- how many went.
+-- name: prune
+-- The periodic cleanup, one statement: up to $2 kept results and cancelled jobs that expired by
+-- $1 (jobs_expiry_idx); and up to $2 each of delivered alerts (count 0, no claim) whose next_at
+-- is more than $3 seconds old, rate keys idle that long, and slots expired that long (their
+-- holders are gone; see the slots layout note). SKIP LOCKED: rows in use are left for the next
+-- pass, and the pass never waits on (or deadlocks with) the writers. Returns how many jobs went.
 WITH gone AS (
     DELETE FROM {schema}.jobs
     WHERE id IN (
@@ -230,6 +272,33 @@ WITH gone AS (
         FOR UPDATE SKIP LOCKED
     )
     RETURNING 1
+),
+old_alerts AS (
+    DELETE FROM {schema}.alerts
+    WHERE key IN (
+        SELECT key FROM {schema}.alerts
+        WHERE count = 0 AND token IS NULL AND next_at < $1 - $3
+        LIMIT $2
+        FOR UPDATE SKIP LOCKED
+    )
+),
+idle_rates AS (
+    DELETE FROM {schema}.rates
+    WHERE key IN (
+        SELECT key FROM {schema}.rates
+        WHERE next_free < $1 - $3
+        LIMIT $2
+        FOR UPDATE SKIP LOCKED
+    )
+),
+stale_slots AS (
+    DELETE FROM {schema}.slots
+    WHERE (key, holder) IN (
+        SELECT key, holder FROM {schema}.slots
+        WHERE expires_at < $1 - $3
+        LIMIT $2
+        FOR UPDATE SKIP LOCKED
+    )
 )
 SELECT count(*) FROM gone;
 
@@ -244,14 +313,16 @@ WHERE id = $1 AND NOT (state IN ('done', 'cancelled') AND expires_at <= $2);
 
 
 -- name: stats
--- Counts per queue, plus every paused queue. A queue whose only jobs are kept results or
+-- Counts per queue, plus every paused queue, and when each queue's longest-waiting ready job
+-- became due (its run_at; NULL when nothing is ready). A queue whose only jobs are kept results or
 -- cancelled jobs is listed (with zero counts), as the memory broker does; neither is counted.
 WITH counts AS (
     SELECT queue,
            count(*) FILTER (WHERE state = 'pending' AND run_at <= $1) AS ready,
            count(*) FILTER (WHERE state = 'pending' AND run_at > $1) AS scheduled,
            count(*) FILTER (WHERE state = 'running') AS running,
-           count(*) FILTER (WHERE state = 'dead') AS dead
+           count(*) FILTER (WHERE state = 'dead') AS dead,
+           min(run_at) FILTER (WHERE state = 'pending' AND run_at <= $1) AS oldest_ready_at
     FROM {schema}.jobs
     WHERE state NOT IN ('done', 'cancelled') OR expires_at > $1
     GROUP BY queue
@@ -261,7 +332,8 @@ SELECT coalesce(c.queue, p.queue) AS queue,
        coalesce(c.scheduled, 0) AS scheduled,
        coalesce(c.running, 0) AS running,
        coalesce(c.dead, 0) AS dead,
-       p.queue IS NOT NULL AS paused
+       p.queue IS NOT NULL AS paused,
+       c.oldest_ready_at
 FROM counts AS c
 FULL JOIN {schema}.paused_queues AS p ON p.queue = c.queue
 ORDER BY 1;
@@ -367,3 +439,179 @@ WITH resumed AS (
 )
 SELECT count(pg_notify('{channel}', queue)) FROM resumed;
 
+
+-- name: record_alert
+-- Merge one event into its key's row (see Broker.record_alert): a new row counts 1; a delivered
+-- row (count 0) starts over at 1 from now but keeps a quiet window that has not ended
+-- (next_at = greatest(next_at, now)); a pending row counts one more, its next_at unchanged.
+-- The latest event names the row. settle applies this same merge to dead letters: keep the two
+-- alike. $1 key, $2 kind, $3 queue, $4 task, $5 job id, $6 detail (already cut), $7 now
+INSERT INTO {schema}.alerts AS a
+    (key, kind, queue, task, job_id, detail, count, first_at, last_at, next_at)
+VALUES ($1::text, $2::text, $3::text, $4::text, $5::text, $6::text, 1,
+        $7::float8, $7::float8, $7::float8)
+ON CONFLICT (key) DO UPDATE
+SET count = a.count + excluded.count,
+    first_at = CASE WHEN a.count = 0 THEN excluded.first_at ELSE a.first_at END,
+    last_at = excluded.last_at,
+    next_at = CASE WHEN a.count = 0 THEN greatest(a.next_at, excluded.next_at)
+                   ELSE a.next_at END,
+    kind = excluded.kind,
+    queue = excluded.queue,
+    task = excluded.task,
+    job_id = excluded.job_id,
+    detail = excluded.detail;
+
+
+-- name: claim_alerts
+-- Hand out up to $2 pending alerts due by $1, earliest next_at first: a fresh token each, and
+-- next_at = $1 + $3 as the claim's lease, so nobody else claims them until it runs out (then the
+-- next claim's token fences this one off). SKIP LOCKED lets concurrent claimers pass each other;
+-- a row claimed meanwhile fails the re-checked next_at <= $1. Returns the rows as claimed.
+-- $1 now, $2 limit, $3 lease seconds
+WITH due AS MATERIALIZED (
+    SELECT key, next_at
+    FROM {schema}.alerts
+    WHERE count > 0 AND next_at <= $1::float8
+    ORDER BY next_at, key
+    LIMIT $2
+    FOR UPDATE SKIP LOCKED
+),
+claimed AS (
+    UPDATE {schema}.alerts AS a
+    SET token = gen_random_uuid()::text,
+        next_at = $1::float8 + $3::float8
+    FROM due
+    WHERE a.key = due.key
+    RETURNING a.key, a.kind, a.queue, a.task, a.job_id, a.detail, a.count, a.first_at,
+              a.last_at, a.next_at, a.attempts, a.last_error, a.sent_at, a.token,
+              due.next_at AS due_at
+)
+SELECT key, kind, queue, task, job_id, detail, count, first_at, last_at, next_at, attempts,
+       last_error, sent_at, token
+FROM claimed
+ORDER BY due_at, key;
+
+
+-- name: finish_alert
+-- Record one delivery attempt of alert $1 while token $2 still holds it: the token is cleared
+-- and next_at set to $4. Sent ($3): the $5 events delivered are taken off the count (events
+-- recorded during the delivery stay pending), attempts and last_error reset, sent_at = $7.
+-- Not sent: attempts + 1, last_error = $6. Returns a row when applied.
+UPDATE {schema}.alerts
+SET token = NULL,
+    next_at = $4::float8,
+    count = CASE WHEN $3::bool THEN greatest(count - $5::int, 0) ELSE count END,
+    attempts = CASE WHEN $3::bool THEN 0 ELSE attempts + 1 END,
+    last_error = CASE WHEN $3::bool THEN NULL ELSE $6::text END,
+    sent_at = CASE WHEN $3::bool THEN $7::float8 ELSE sent_at END
+WHERE key = $1::text AND token = $2::text
+RETURNING 1;
+
+
+-- name: list_alerts
+-- Alert rows, oldest first_at first; only pending ones (count > 0) when $1. At most $2.
+SELECT key, kind, queue, task, job_id, detail, count, first_at, last_at, next_at, attempts,
+       last_error, sent_at, token
+FROM {schema}.alerts
+WHERE count > 0 OR NOT $1::bool
+ORDER BY first_at, key
+LIMIT $2;
+
+
+-- name: acquire_rate
+-- One grant per $2 seconds for key $1: the upsert writes next_free = $3 + $2 only when the row
+-- is new or its next_free <= $3, re-checked on the newest row version under the row lock, so of
+-- racing callers exactly one is granted. A refusal writes nothing. free_at is the next free time
+-- as this statement's snapshot saw it: when a concurrent grant committed after the snapshot it is
+-- stale (NULL, or not after $3), and the caller reads it again with rate_free_at.
+-- $1 key, $2 interval, $3 now
+WITH granted AS (
+    INSERT INTO {schema}.rates AS r (key, next_free)
+    VALUES ($1::text, $3::float8 + $2::float8)
+    ON CONFLICT (key) DO UPDATE
+    SET next_free = excluded.next_free
+    WHERE r.next_free <= $3::float8
+    RETURNING 1
+)
+SELECT EXISTS (SELECT 1 FROM granted) AS granted,
+       (SELECT next_free FROM {schema}.rates WHERE key = $1::text) AS free_at;
+
+-- name: rate_free_at
+SELECT next_free FROM {schema}.rates WHERE key = $1::text;
+
+
+-- name: lock_slot_key
+-- Serialises acquire_slot per key (and schema) until the transaction ends. It must be its own
+-- statement, before acquire_slot: a statement's snapshot is taken when it starts, so a lock taken
+-- inside it would not make the holders committed while it waited visible.
+SELECT pg_advisory_xact_lock(hashtextextended('{channel}.slot:' || $1::text, 0));
+
+-- name: acquire_slot
+-- Under lock_slot_key: hold a slot of key $1 for holder $2 until $5 + $4 if it already holds one
+-- or fewer than $3 others do; drop the key's holders expired before $5 (the holder's own expired
+-- row is renewed instead when it gets the slot). The key's rows are locked first, in holder
+-- order, so a heartbeat or release committed meanwhile is counted as it now is (FOR UPDATE reads
+-- the newest row version). Returns whether the slot is held.
+-- $1 key, $2 holder, $3 limit, $4 ttl, $5 now
+WITH held AS MATERIALIZED (
+    SELECT holder, expires_at
+    FROM {schema}.slots
+    WHERE key = $1::text
+    ORDER BY holder
+    FOR UPDATE
+),
+decision AS MATERIALIZED (
+    SELECT coalesce(bool_or(holder = $2::text), false)
+           OR count(*) FILTER (WHERE holder <> $2::text) < $3::int AS granted
+    FROM held
+    WHERE expires_at >= $5::float8
+),
+dropped AS (
+    DELETE FROM {schema}.slots AS s
+    USING decision AS d
+    WHERE s.key = $1::text AND s.expires_at < $5::float8 AND (s.holder <> $2::text OR NOT d.granted)
+),
+taken AS (
+    INSERT INTO {schema}.slots AS s (key, holder, expires_at)
+    SELECT $1::text, $2::text, $5::float8 + $4::float8
+    FROM decision AS d
+    WHERE d.granted
+    ON CONFLICT (key, holder) DO UPDATE
+    SET expires_at = excluded.expires_at
+    RETURNING 1
+)
+SELECT EXISTS (SELECT 1 FROM taken);
+
+
+-- name: extend_slots
+-- Heartbeat: expiry $3 for each (key $1, holder $2) row still present (an expired row nobody has
+-- dropped yet is nobody else's: the key's next acquire would have dropped it). Rows are locked in
+-- (key, holder) order, as acquire_slot locks them, so the two cannot deadlock.
+WITH target AS MATERIALIZED (
+    SELECT s.key, s.holder
+    FROM {schema}.slots AS s
+    JOIN unnest($1::text[], $2::text[]) AS x(key, holder)
+      ON s.key = x.key AND s.holder = x.holder
+    ORDER BY s.key, s.holder
+    FOR UPDATE OF s
+)
+UPDATE {schema}.slots AS s
+SET expires_at = $3::float8
+FROM target AS t
+WHERE s.key = t.key AND s.holder = t.holder;
+
+
+-- name: release_slots
+-- Give back each (key $1, holder $2) slot; rows are locked in (key, holder) order (see above).
+WITH target AS MATERIALIZED (
+    SELECT s.key, s.holder
+    FROM {schema}.slots AS s
+    JOIN unnest($1::text[], $2::text[]) AS x(key, holder)
+      ON s.key = x.key AND s.holder = x.holder
+    ORDER BY s.key, s.holder
+    FOR UPDATE OF s
+)
+DELETE FROM {schema}.slots AS s
+USING target AS t
+WHERE s.key = t.key AND s.holder = t.holder;

@@ -14,7 +14,7 @@ import pytest
 
 from brokers.postgres import _SQL, VERSIONS, PostgresBroker, parse_url
 from taskkit.errors import BrokerUnavailable, SchemaMissing
-from taskkit.job import Job, JobState, decode_job
+from taskkit.job import ALERT_DETAIL_LIMIT, AlertEvent, Job, JobState, Lease, decode_job
 from taskkit.outcome import Complete, DeadLetter, Retry
 from tests.backends.postgres import (
     drop_schema,
@@ -112,8 +112,13 @@ async def test_connect_on_an_old_schema_raises_schema_missing(url: str) -> None:
         await conn.execute(f'DELETE FROM "{parse_url(url).schema}".schema_version')
     finally:
         await conn.close()
-    with pytest.raises(SchemaMissing, match="not applied: 0001_initial, 0002_cancel_progress"):
+    with pytest.raises(SchemaMissing, match=rf"not applied: {', '.join(VERSIONS)}\)"):
         await PostgresBroker(url).connect()
+
+
+def test_the_versions_are_the_released_ones_in_order() -> None:
+    """Released sections are never renamed or reordered: databases record them by name."""
+    assert VERSIONS == ("0001_initial", "0002_cancel_progress", "0003_alerts_flow_control")
 
 
 async def test_connect_on_a_schema_without_0002_names_the_missing_version(url: str) -> None:
@@ -125,7 +130,9 @@ async def test_connect_on_a_schema_without_0002_names_the_missing_version(url: s
         )
     finally:
         await conn.close()
-    with pytest.raises(SchemaMissing, match=r"not applied: 0002_cancel_progress\)"):
+    with pytest.raises(
+        SchemaMissing, match=r"not applied: 0002_cancel_progress, 0003_alerts_flow_control\)"
+    ):
         await PostgresBroker(url).connect()
 
 
@@ -187,6 +194,43 @@ async def test_0002_upgrades_a_0001_schema_with_live_jobs(bare_url: str) -> None
         assert info is not None and info.started_at == now + 32 and info.progress is None
         await broker.reclaim_expired(["default"], LEASE, 10, now + 61)  # prunes both kinds
     assert await count_rows(bare_url) == 1, "only the running job is left"
+
+
+async def test_0003_upgrades_a_0002_schema_with_live_jobs(bare_url: str) -> None:
+    """A schema at 0002 (as `migrate` left it before the alert outbox) holding a running job is
+    upgraded by `migrate` alone: connect names the missing version until then, and afterwards the
+    job's dead letter records its alert and the flow-control tables work."""
+    sql = _SQL(parse_url(bare_url).schema)
+    jobs = f'"{parse_url(bare_url).schema}".jobs'
+    now = 1_000.0
+    running = Job(task="t.upgrade")
+    conn = await connect_raw(bare_url)
+    try:
+        await conn.execute(sql.q["create_version_table"])
+        for version, migration in sql.migrations[:2]:
+            await conn.execute(migration)
+            await conn.execute(sql.q["record_version"], version)
+        await conn.execute(
+            f"INSERT INTO {jobs} (id, task, state, payload, run_at, enqueued_at, attempts,"
+            " lease_token, lease_until, started_at) VALUES ($1, 't.upgrade', 'running', $2, $3,"
+            " $3, 1, 'tok', $4, $3)",
+            running.id,
+            running.to_wire(),
+            now,
+            now + 30,
+        )
+    finally:
+        await conn.close()
+    with pytest.raises(SchemaMissing, match=r"not applied: 0003_alerts_flow_control\)"):
+        await PostgresBroker(bare_url).connect()
+    assert await PostgresBroker(bare_url).migrate() == ["0003_alerts_flow_control"]
+    async with PostgresBroker(bare_url) as broker:
+        lease = Lease(running.id, "tok", "default")
+        assert await broker.settle([(lease, DeadLetter("E: after the upgrade"))], now) == [True]
+        [alert] = await broker.list_alerts(pending_only=True, limit=10)
+        assert (alert.key, alert.job_id, alert.count) == ("dead:default:t.upgrade", running.id, 1)
+        assert await broker.acquire_rate("r", 1.0, now) == 0.0
+        assert await broker.acquire_slot("s", "h", 1, 10.0, now)
 
 
 async def test_an_unreachable_server_raises_broker_unavailable() -> None:
@@ -480,7 +524,7 @@ async def test_batched_writes_do_not_scan_the_running_set_per_row(url: str) -> N
         ids, tokens = [d.job_id for d in got], [d.lease.token for d in got]
         n = len(got)
         plans = {
-            "settle": (ids, tokens, ["ack"] * n, [None] * n, [None] * n, [True] * n, 0.0),
+            "settle": (ids, tokens, ["ack"] * n, [None] * n, [None] * n, [True] * n, 0.0, 99),
             "extend": (ids, tokens, 60.0),
             "release": (ids, tokens, 0.0),
         }
@@ -539,7 +583,7 @@ async def test_a_cancelled_job_expires_with_the_kept_results(url: str) -> None:
         info = await broker.get_job(jid, 1)
         assert info is not None and info.finished_at == 0 and info.dedupe_key == "k"
         async with broker.pool.acquire() as conn:
-            plan = await conn.fetch("EXPLAIN (COSTS OFF) " + broker.query("prune_results"), 1, 9)
+            plan = await conn.fetch("EXPLAIN (COSTS OFF) " + broker.query("prune"), 1, 9, 0)
         assert "jobs_expiry_idx" in "\n".join(r[0] for r in plan)
         assert await broker.cancel(jid, 60, 60) is None, "expired, even before the prune"
         await broker.reclaim_expired(["default"], LEASE, 10, 61)
@@ -557,6 +601,206 @@ async def test_progress_writes_are_fenced_by_the_lease_token(url: str) -> None:
         assert info is not None and (info.progress, info.started_at) == ('{"x": 2}', 5)
         await broker.settle([(d.lease, Complete())], 6)
         assert await broker.set_progress(d.lease, '{"x": 3}', 6) is False
+
+
+# -- the alert outbox and flow control ----------------------------------------------------------
+
+
+async def alert_rows(url: str) -> list[asyncpg.Record]:
+    conn = await connect_raw(url)
+    try:
+        return list(
+            await conn.fetch(f'SELECT * FROM "{parse_url(url).schema}".alerts ORDER BY key')
+        )
+    finally:
+        await conn.close()
+
+
+async def test_one_settle_batch_merges_its_dead_jobs_per_alert_key(url: str) -> None:
+    """One INSERT ... ON CONFLICT cannot touch a row twice: a batch with several dead jobs of one
+    key (onto a row that is already pending) must count them all, and name the batch's last."""
+    async with PostgresBroker(url) as broker:
+        await broker.record_alert(
+            AlertEvent("dead:default:t.a", "dead", "default", "t.a", "old", "E: old"), 0
+        )
+        jobs = [Job(task="t.a"), Job(task="t.b"), Job(task="t.a"), Job(task="t.a"), Job(task="t.c")]
+        await broker.enqueue(jobs, 0)
+        got = {d.job_id: d for d in await broker.reserve(["default"], 10, LEASE, 0, 0)}
+        lost = got[jobs[4].id].lease
+        stale = Lease(lost.job_id, "not-the-token", lost.queue)
+        items = [(got[j.id].lease, DeadLetter(f"E: {j.id}")) for j in jobs[:4]]
+        items.append((got[jobs[1].id].lease, DeadLetter("E: again")))  # a repeat: refused
+        items.append((stale, DeadLetter("E: refused")))
+        assert await broker.settle(items, 5) == [True, True, True, True, False, False]
+        alerts = {a.key: a for a in await broker.list_alerts(pending_only=True, limit=10)}
+    assert set(alerts) == {"dead:default:t.a", "dead:default:t.b"}
+    a, b = alerts["dead:default:t.a"], alerts["dead:default:t.b"]
+    assert (a.count, a.job_id, a.detail, a.first_at, a.last_at) == (
+        4,
+        jobs[3].id,
+        f"E: {jobs[3].id}",
+        0,
+        5,
+    )
+    assert (b.count, b.job_id, b.detail) == (1, jobs[1].id, f"E: {jobs[1].id}")
+
+
+async def test_concurrent_dead_letters_of_one_key_all_count(url: str) -> None:
+    """Workers settling dead jobs of one task at once (a first alert row racing into existence,
+    then updates) lose no event: ON CONFLICT waits for the other insert and merges."""
+    brokers = [PostgresBroker(url) for _ in range(4)]
+    try:
+        for broker in brokers:
+            await broker.connect()
+        await brokers[0].enqueue([Job(task="t.flood") for _ in range(40)], 0)
+
+        async def work(broker: PostgresBroker) -> None:
+            while got := await broker.reserve(["default"], 3, LEASE, 0, 0):
+                assert all(await broker.settle([(d.lease, DeadLetter("E")) for d in got], 0))
+
+        async with anyio.create_task_group() as tg:
+            for broker in brokers:
+                tg.start_soon(work, broker)
+        [alert] = await brokers[0].list_alerts(pending_only=True, limit=10)
+    finally:
+        for broker in brokers:
+            await broker.close()
+    assert (alert.key, alert.count) == ("dead:default:t.flood", 40)
+
+
+async def test_a_dead_job_stored_without_a_task_name_is_alerted_by_its_payload(url: str) -> None:
+    """A bare INSERT leaves the task column NULL: the alert key reads the payload, as the core's
+    peek_task does; a payload naming no valid task is task '?'."""
+    conn = await connect_raw(url)
+    try:
+        for payload in ('{"task": "t.raw"}', "not json", '{"task": "has space"}', '["x"]'):
+            await conn.execute(
+                f'INSERT INTO "{parse_url(url).schema}".jobs (payload, run_at) VALUES ($1, 0)',
+                payload,
+            )
+    finally:
+        await conn.close()
+    async with PostgresBroker(url) as broker:
+        bad = await broker.enqueue_raw("default", b"\xff{}", 0)
+        got = await broker.reserve(["default"], 10, LEASE, 0, 0)
+        assert len(got) == 5 and bad in {d.job_id for d in got}
+        assert all(await broker.settle([(d.lease, DeadLetter("E")) for d in got], 0))
+        alerts = {a.key: a.count for a in await broker.list_alerts(pending_only=True, limit=10)}
+    assert alerts == {"dead:default:t.raw": 1, "dead:default:?": 4}
+
+
+async def test_an_alert_keeps_at_most_the_detail_limit(url: str) -> None:
+    async with PostgresBroker(url) as broker:
+        await broker.enqueue([Job(task="t")], 0)
+        [d] = await broker.reserve(["default"], 1, LEASE, 0, 0)
+        await broker.settle([(d.lease, DeadLetter("é" * (ALERT_DETAIL_LIMIT + 10)))], 0)
+        await broker.record_alert(
+            AlertEvent("stall:default", "stall", "default", None, None, "ü" * 9000), 0
+        )
+        alerts = await broker.list_alerts(pending_only=True, limit=10)
+        info = await broker.get_job(d.job_id, 0)
+    assert [len(a.detail) for a in alerts] == [ALERT_DETAIL_LIMIT] * 2
+    assert info is not None and info.last_error is not None
+    assert len(info.last_error) == ALERT_DETAIL_LIMIT + 10, "the job keeps the whole error"
+
+
+async def test_the_prune_drops_old_delivered_alerts_idle_rates_and_stale_slots(url: str) -> None:
+    day = 86_400.0
+    async with PostgresBroker(url) as broker:
+        for key in ("stall:sent", "stall:pending"):
+            await broker.record_alert(AlertEvent(key, "stall", "q", None, None, "x"), 0)
+        [pending, sent] = sorted(await broker.claim_alerts(10, LEASE, 0), key=lambda a: a.key)
+        assert await broker.finish_alert(sent, True, 600, None, 1)
+        assert await broker.finish_alert(pending, False, 600, "HTTP 503", 1)
+        assert await broker.acquire_rate("idle", 1.0, 0) == 0.0
+        assert await broker.acquire_slot("k", "crashed", 5, 10.0, 0)
+        await broker.reclaim_expired(["default"], LEASE, 10, 600 + day)  # a day not yet passed
+        assert [r["key"] for r in await alert_rows(url)] == ["stall:pending", "stall:sent"]
+        assert await broker.acquire_rate("fresh", 1.0, 600 + day) == 0.0
+        assert await broker.acquire_slot("k2", "alive", 5, 10.0, 600 + day)
+        await broker.reclaim_expired(["default"], LEASE, 10, 611 + day)  # the next prune
+        assert [r["key"] for r in await alert_rows(url)] == ["stall:pending"]
+        async with broker.pool.acquire() as conn:
+            schema = parse_url(url).schema
+            rates = await conn.fetch(f'SELECT key FROM "{schema}".rates')
+            slots = await conn.fetch(f'SELECT key, holder FROM "{schema}".slots')
+    assert [r["key"] for r in rates] == ["fresh"]
+    assert [tuple(r) for r in slots] == [("k2", "alive")]
+
+
+async def test_a_refused_rate_whose_snapshot_missed_the_grant_reads_it_again(url: str) -> None:
+    """Racing first grants of one key: the losers' statement snapshot predates the winner's row
+    (free_at NULL), so they read it again; every loser still gets the true wait."""
+    brokers = [PostgresBroker(url) for _ in range(8)]
+    waits: list[float] = []
+
+    async def ask(broker: PostgresBroker) -> None:
+        waits.append(await broker.acquire_rate("k", 10.0, 100.0))
+
+    try:
+        for broker in brokers:
+            await broker.connect()
+        async with anyio.create_task_group() as tg:
+            for broker in brokers:
+                tg.start_soon(ask, broker)
+    finally:
+        for broker in brokers:
+            await broker.close()
+    assert sorted(waits) == [0.0] + [10.0] * 7
+
+
+async def test_a_slot_heartbeat_racing_an_acquire_is_counted(url: str) -> None:
+    """acquire_slot locks the key's rows, so a heartbeat that commits while it waits is counted:
+    the holder it kept alive is neither dropped nor joined past the limit (a count from the
+    statement's snapshot alone would see it expired and admit a second holder)."""
+    results: list[bool] = []
+    async with PostgresBroker(url) as a, PostgresBroker(url) as b:
+        assert await a.acquire_slot("k", "old", 1, 10.0, 0)
+
+        async def acquire() -> None:
+            results.append(await b.acquire_slot("k", "new", 1, 10.0, 50))
+
+        conn = await connect_raw(url)
+        try:
+            heartbeat = conn.transaction()
+            await heartbeat.start()
+            await conn.execute(
+                f'UPDATE "{parse_url(url).schema}".slots SET expires_at = 100 '
+                "WHERE key = 'k' AND holder = 'old'"
+            )
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(acquire)
+                await anyio.sleep(0.3)
+                assert results == [], "the acquire waits for the heartbeat's row lock"
+                await heartbeat.commit()
+        finally:
+            await conn.close()
+        assert results == [False]
+        assert not await b.acquire_slot("k", "new", 1, 10.0, 99)
+        assert await b.acquire_slot("k", "new", 1, 10.0, 101)
+
+
+async def test_the_new_statements_work_in_pgbouncer_mode(url: str) -> None:
+    """prepared=0: unnamed statements only, so every parameter's type must be inferable."""
+    async with PostgresBroker(f"{url}&listen=0&prepared=0") as broker:
+        await broker.enqueue([Job(task="t")], 0)
+        [d] = await broker.reserve(["default"], 1, LEASE, 0, 0)
+        assert await broker.settle([(d.lease, DeadLetter("E"))], 0) == [True]
+        await broker.record_alert(AlertEvent("stall:q", "stall", "q", None, None, "x"), 0)
+        claimed = await broker.claim_alerts(10, LEASE, 0)
+        assert len(claimed) == 2
+        assert await broker.finish_alert(claimed[0], True, 600, None, 1)
+        assert await broker.finish_alert(claimed[1], False, 5, "HTTP 503", 1)
+        assert len(await broker.list_alerts(pending_only=False, limit=10)) == 2
+        assert await broker.acquire_rate("r", 2.0, 0) == 0.0
+        assert await broker.acquire_rate("r", 2.0, 1) == pytest.approx(1.0)
+        assert await broker.acquire_slot("s", "h", 1, 10.0, 0)
+        await broker.extend_slots([("s", "h")], 10.0, 5)
+        await broker.release_slots([("s", "h")])
+        assert (await broker.stats(0))["default"].oldest_ready_at is None
+        await broker.reclaim_expired(["default"], LEASE, 10, 100_000)
+        async with broker.pool.acquire() as conn:
+            assert await conn.fetch("SELECT name FROM pg_prepared_statements") == []
 
 
 # -- connection trouble (see also tests/process/test_postgres_restart.py) -------------------------
