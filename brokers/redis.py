@@ -31,6 +31,17 @@ Redis Cluster slot and every Lua script works on one slot). Details in ``redis_s
     P:{Q}:paused              string  present while Q is paused
     P:{Q}:done:<id>           hash    a finished job kept until keep_until (a kept result, or
                                       a cancelled job); real TTL (PEXPIRE)
+    P:{Q}:alerts              hash    alert key -> JSON row of the alert outbox, for the keys
+                                      whose events name Q (no TTL: one row per key)
+    P:{Q}:alertdue            zset    pending alert keys (count > 0) by next_at
+    P:{Q}:rawsince            string  when the inbox was first seen holding a raw payload
+    P:rate:{K}                string  rate limit K: its next free time; PEXPIRE a little over
+                                      the interval
+    P:slots:{K}               zset    concurrency limit K: holder -> expiry; PEXPIRE a little
+                                      over the longest ttl
+
+``K`` is the caller's limit key verbatim, or, when it is empty or holds a brace (which would
+cut the hash tag short), its SHA-1 in hex with ``:sha1`` after the tag.
 
 Why per-queue hashes and not one hash per job: a claim pops ids it cannot know beforehand, and a
 Lua script may only touch keys passed in KEYS (Cluster's rule). With the job's fields in a few
@@ -57,13 +68,30 @@ enqueues a job: an inbox element that is not exactly 32 lowercase hex characters
 stored byte for byte under a fresh id and delivered (malformed ones too; the core dead-letters
 them). ``enqueue_raw`` does that same LPUSH and also records the id it returns in ``rawids``, so
 the adopting claim uses it. (A foreign payload of exactly 32 hex characters reads as a hint and is
-dropped; ``enqueue_raw`` stores such a payload directly.)
+dropped; ``enqueue_raw`` stores such a payload directly.) A payload waiting in the inbox has no
+run time of its own: ``stats`` reports it as ready since ``rawsince``, set by ``enqueue_raw`` or
+by the first ``stats`` call that sees such a payload, deleted by the claim that empties the inbox.
+So a queue no worker serves still says how long its foreign jobs have waited.
 
 Crash between BLMOVE and the claim. BLMOVE moves an element into this instance's processing
 list; the next claim script adopts it. If the process dies in between, the element waits in
 ``processing:<bid>``: ``reclaim_expired`` (run by every worker's recovery loop) finds instances
 not seen in ``workers`` for ``processing_grace`` seconds and adopts their lists. Recovering a live
 instance's list by mistake only moves the element once, so it can never be delivered twice.
+
+The alert outbox. A dead job's alert must be written in the same script as its dead letter, so
+alert rows live with the queue the event names (``P:{Q}:alerts``); a dead job's alert key
+(``dead:Q:task``) names its queue anyway. ``claim_alerts`` reads the due heads of every
+registered queue's ``alertdue`` (one pipelined round trip), picks the earliest ``limit`` and
+claims them per queue in one script each, which checks again that each is still due: a row
+another caller claimed meanwhile is skipped, so a call may hand out fewer than it could have.
+``list_alerts`` reads every queue's ``alerts`` hash. Rows are JSON objects of strings, like
+``meta``, so times keep every digit the caller sent (cjson prints numbers with 14).
+
+Flow control. Rate and slot keys are not tied to a queue: each key is its own hash tag, and each
+acquire is one small script on that one key, atomic across every worker. They carry real TTLs
+(wall clock) a little over the interval or slot ttl: the caller's clock decides grants, the TTL
+only lets idle keys disappear.
 
 Leases are fenced by token in every script (extend, settle, release); ``settle``, ``extend`` and
 ``release`` send one script call per queue for the whole batch (at most 500 jobs a call, so no
@@ -124,7 +152,10 @@ from taskkit.errors import (
     ConfigurationError,
 )
 from taskkit.job import (
+    ALERT_DETAIL_LIMIT,
     DEFAULT_QUEUE,
+    Alert,
+    AlertEvent,
     Delivery,
     Job,
     JobInfo,
@@ -150,6 +181,10 @@ _PROMOTE_MAX: Final = 256  # due scheduled jobs a claim promotes, beyond its lim
 _BATCH: Final = 500  # jobs per script call in enqueue/settle/...: bounds one script's run time
 _STATS_SCAN: Final = 1000  # inbox elements stats inspects for foreign payloads
 _RECENT_MAX: Final = 10_000  # ids remembered from enqueue for get_job
+# Flow-control keys outlive what they must remember by this much, so a slow or skewed caller
+# still finds them, and are never kept longer than _TTL_MAX (PEXPIRE wants an integer).
+_FLOW_SLACK: Final = 1.0
+_TTL_MAX: Final = 10 * 365 * 24 * 3600.0
 _MIN_VERSION: Final = (6, 2)  # BLMOVE, RPOP with a count
 # redis.asyncio options taskkit sets unless the URL or a keyword does (see "Connection trouble").
 _CONNECTION_DEFAULTS: Final[dict[str, Any]] = {
@@ -195,6 +230,12 @@ _PURGE = _SCRIPTS["purge"]
 _STATS = _SCRIPTS["stats"]
 _CANCEL = _SCRIPTS["cancel"]
 _PROGRESS = _SCRIPTS["progress"]
+_ALERT_RECORD = _SCRIPTS["alert_record"]
+_ALERT_CLAIM = _SCRIPTS["alert_claim"]
+_ALERT_FINISH = _SCRIPTS["alert_finish"]
+_RATE = _SCRIPTS["rate"]
+_SLOT_ACQUIRE = _SCRIPTS["slot_acquire"]
+_SLOT_EXTEND = _SCRIPTS["slot_extend"]
 
 _WAKE: Final = "0" * 32
 
@@ -209,6 +250,8 @@ class QueueKeys:
     """The keys of one queue. Every one carries the hash tag ``{queue}``."""
 
     __slots__ = (
+        "alertdue",
+        "alerts",
         "attempts",
         "base",
         "dead",
@@ -222,6 +265,7 @@ class QueueKeys:
         "queue",
         "queued",
         "rawids",
+        "rawsince",
         "ready",
         "scheduled",
         "seq",
@@ -240,7 +284,9 @@ class QueueKeys:
         self.payloads, self.meta, self.dead = f"{b}:payloads", f"{b}:meta", f"{b}:dead"
         self.dedupe, self.seq, self.rawids = f"{b}:dedupe", f"{b}:seq", f"{b}:rawids"
         self.started, self.progress = f"{b}:started", f"{b}:progress"
-        # The order redis_scripts.lua expects as KEYS[1..16].
+        self.alerts, self.alertdue = f"{b}:alerts", f"{b}:alertdue"
+        self.rawsince = f"{b}:rawsince"
+        # The order redis_scripts.lua expects as KEYS[1..19].
         self.fixed: tuple[str, ...] = (
             self.paused,
             self.ready,
@@ -258,6 +304,9 @@ class QueueKeys:
             self.rawids,
             self.started,
             self.progress,
+            self.alerts,
+            self.alertdue,
+            self.rawsince,
         )
 
     def processing(self, broker_id: str) -> str:
@@ -345,6 +394,41 @@ def _group(items: Iterable[tuple[int, str, Any]]) -> dict[str, list[tuple[int, A
     return groups
 
 
+def _ttl_ms(seconds: float) -> int:
+    """A flow-control key's TTL in milliseconds: ``seconds`` plus the slack, within bounds."""
+    if not seconds < _TTL_MAX:  # also NaN
+        seconds = _TTL_MAX
+    return math.ceil((max(seconds, 0.0) + _FLOW_SLACK) * 1000)
+
+
+def _scored(reply: Sequence[Any]) -> list[tuple[bytes, float]]:
+    """A WITHSCORES reply as (member, score): redis-py pairs it up, a bare client would not."""
+    if reply and not isinstance(reply[0], list | tuple):
+        return [(reply[i], float(reply[i + 1])) for i in range(0, len(reply), 2)]
+    return [(member, float(score)) for member, score in reply]
+
+
+def _alert(queue: str, key: bytes, raw: bytes) -> Alert:
+    """An outbox row as the scripts store it (see ``alerts`` in redis_scripts.lua)."""
+    row: dict[str, str] = json.loads(raw.decode("utf-8", "replace"))
+    return Alert(
+        key=_text(key),
+        kind=row["kd"],
+        queue=queue,
+        task=row.get("tk"),
+        job_id=row.get("jb"),
+        detail=row.get("dt", ""),
+        count=int(row["c"]),
+        first_at=float(row["fa"]),
+        last_at=float(row["la"]),
+        next_at=float(row["na"]),
+        attempts=int(row["at"]),
+        last_error=row.get("le"),
+        sent_at=_num(row.get("sa")),
+        token=row.get("tok"),
+    )
+
+
 def _option(value: Any, name: str, kind: type[int] | type[float], url: str) -> Any:
     try:
         number = kind(value)
@@ -371,7 +455,11 @@ def _outcome_args(outcome: Outcome) -> tuple[str, ...]:
             return (op, repr(outcome.run_at))
         return (op, repr(outcome.run_at), outcome.error)
     if isinstance(outcome, DeadLetter):
-        return ("D", outcome.error)
+        detail = outcome.error[:ALERT_DETAIL_LIMIT]
+        if detail == outcome.error:
+            return ("D", outcome.error)
+        # Cut here: Python counts characters, Lua would count bytes.
+        return ("Dd", outcome.error, detail)
     raise TypeError(f"not an outcome: {outcome!r}")
 
 
@@ -798,14 +886,17 @@ class RedisBroker(Broker):
         if not items:
             return []
         groups = _group((i, item[0].queue, item) for i, item in enumerate(items))
-        head: list[Arg] = [repr(now), self.dead_max, repr(self.dead_ttl)]
+        # claim_alerts finds a dead job's alert through the registry.
+        await self._register(
+            {lease.queue for lease, outcome in items if isinstance(outcome, DeadLetter)}
+        )
         calls: list[Call] = []
         slots: list[list[int]] = []
         for queue, members in groups.items():
             k = self.keys(queue)
             for chunk in _chunks(members, _BATCH):
                 keys = list(k.fixed)
-                args = list(head)
+                args: list[Arg] = [repr(now), self.dead_max, repr(self.dead_ttl), k.queue]
                 for _, (lease, outcome) in chunk:
                     if isinstance(outcome, Complete) and outcome.keep_until is not None:
                         keys.append(k.done(lease.job_id))
@@ -945,7 +1036,12 @@ class RedisBroker(Broker):
         calls: list[Call] = [(_STATS, k.fixed, (repr(now), _STATS_SCAN)) for k in queues]
         return {
             k.queue: QueueStats(
-                ready=r[0], scheduled=r[1], running=r[2], dead=r[3], paused=bool(r[4])
+                ready=r[0],
+                scheduled=r[1],
+                running=r[2],
+                dead=r[3],
+                paused=bool(r[4]),
+                oldest_ready_at=float(r[5]) if r[5] else None,
             )
             for k, r in zip(queues, await self._eval_many(calls), strict=True)
         }
@@ -1030,3 +1126,124 @@ class RedisBroker(Broker):
         """Store ``progress`` on the running job while ``lease`` owns it; False when lost."""
         k = self.keys(lease.queue)
         return bool(await self._eval(_PROGRESS, k.fixed, (lease.job_id, lease.token, progress)))
+
+    # -- the alert outbox ----------------------------------------------------------------------
+
+    async def record_alert(self, event: AlertEvent, now: float) -> None:
+        """Merge ``event`` into its key's row, kept with ``event.queue`` (see the module
+        docstring)."""
+        k = self.keys(event.queue)
+        await self._register([k.queue])
+        args = (
+            repr(now),
+            event.key,
+            event.kind,
+            event.task or "",
+            event.job_id or "",
+            event.detail[:ALERT_DETAIL_LIMIT],
+        )
+        await self._eval(_ALERT_RECORD, k.fixed, args)
+
+    async def claim_alerts(self, limit: int, lease_for: float, now: float) -> list[Alert]:
+        """Claim the earliest due alerts of every queue: pick from the due heads of each queue's
+        ``alertdue``, then claim per queue (a script that checks each is still due)."""
+        queues = await self._all_queues()
+        if limit <= 0 or not queues:
+            return []
+        heads = await self._commands(
+            [
+                ("ZRANGEBYSCORE", k.alertdue, "-inf", repr(now), "WITHSCORES", "LIMIT", 0, limit)
+                for k in queues
+            ]
+        )
+        due: list[tuple[float, str, bytes]] = []
+        for k, reply in zip(queues, heads, strict=True):
+            due += ((score, k.queue, key) for key, score in _scored(reply))
+        due.sort()
+        picked = due[:limit]
+        if not picked:
+            return []
+        groups = _group((i, queue, key) for i, (_, queue, key) in enumerate(picked))
+        next_at = repr(now + lease_for)
+        calls: list[Call] = [
+            (
+                _ALERT_CLAIM,
+                self.keys(queue).fixed,
+                (repr(now), next_at, _token(), *(key for _, key in members)),
+            )
+            for queue, members in groups.items()
+        ]
+        claimed: dict[tuple[str, bytes], Alert] = {}
+        for queue, flat in zip(groups, await self._eval_many(calls), strict=True):
+            for i in range(0, len(flat), 2):
+                claimed[queue, flat[i]] = _alert(queue, flat[i], flat[i + 1])
+        return [a for _, queue, key in picked if (a := claimed.get((queue, key))) is not None]
+
+    async def finish_alert(
+        self, alert: Alert, sent: bool, next_at: float, error: str | None, now: float
+    ) -> bool:
+        """Record one delivery attempt while ``alert.token`` still holds the row."""
+        if alert.token is None:
+            return False
+        op: tuple[str, ...] = ("S",) if sent else ("F",) if error is None else ("Fe", error)
+        args: list[Arg] = [alert.key, alert.token, alert.count, repr(next_at), repr(now), *op]
+        return bool(await self._eval(_ALERT_FINISH, self.keys(alert.queue).fixed, args))
+
+    async def list_alerts(self, pending_only: bool, limit: int) -> list[Alert]:
+        """Every queue's rows (one pipelined round trip), oldest first_at first."""
+        queues = await self._all_queues()
+        if limit <= 0 or not queues:
+            return []
+        found: list[Alert] = []
+        for k, flat in zip(
+            queues, await self._commands([("HGETALL", k.alerts) for k in queues]), strict=True
+        ):
+            found += (_alert(k.queue, key, raw) for key, raw in flat.items())
+        if pending_only:
+            found = [a for a in found if a.count > 0]
+        found.sort(key=lambda a: a.first_at)
+        return found[:limit]
+
+    async def _commands(self, commands: Sequence[Sequence[Arg]]) -> list[Any]:
+        """Plain commands, pipelined in one round trip; results in order."""
+        with self._errors:
+            pipe = self.client.pipeline(transaction=False)
+            for command in commands:
+                pipe.execute_command(*command)
+            return list(await pipe.execute())
+
+    # -- flow control --------------------------------------------------------------------------
+
+    def flow_key(self, kind: str, key: str) -> str:
+        """The Redis key of the rate (``kind="rate"``) or slot (``"slots"``) limit ``key``."""
+        if key and "{" not in key and "}" not in key:
+            return f"{self.prefix}:{kind}:{{{key}}}"
+        digest = hashlib.sha1(key.encode("utf-8", "surrogatepass")).hexdigest()
+        return f"{self.prefix}:{kind}:{{{digest}}}:sha1"
+
+    async def acquire_rate(self, key: str, interval: float, now: float) -> float:
+        """One grant per ``interval`` seconds per ``key`` across every caller; returns 0.0 when
+        granted, else the seconds until the next free time."""
+        args = (repr(now), repr(now + interval), _ttl_ms(interval))
+        free_at = await self._eval(_RATE, (self.flow_key("rate", key),), args)
+        return 0.0 if free_at is None else max(float(free_at) - now, 0.0)
+
+    async def acquire_slot(self, key: str, holder: str, limit: int, ttl: float, now: float) -> bool:
+        """Hold one of ``limit`` slots of ``key`` until ``now + ttl``; False when all are held."""
+        args = (repr(now), holder, limit, repr(now + ttl), _ttl_ms(ttl))
+        return bool(await self._eval(_SLOT_ACQUIRE, (self.flow_key("slots", key),), args))
+
+    async def extend_slots(self, slots: Sequence[tuple[str, str]], ttl: float, now: float) -> None:
+        """Push each held slot's expiry to ``now + ttl``; one call per slot, pipelined."""
+        until, ms = repr(now + ttl), _ttl_ms(ttl)
+        calls: list[Call] = [
+            (_SLOT_EXTEND, (self.flow_key("slots", key),), (holder, until, ms))
+            for key, holder in slots
+        ]
+        if calls:
+            await self._eval_many(calls)
+
+    async def release_slots(self, slots: Sequence[tuple[str, str]]) -> None:
+        """Give back each slot (a plain ZREM: one key, nothing to keep atomic with it)."""
+        if slots:
+            await self._commands([("ZREM", self.flow_key("slots", k), h) for k, h in slots])

@@ -4,9 +4,10 @@
 -- "--!script NAME". brokers/redis.py sends each script as prelude + section, loads it once
 -- (SCRIPT LOAD) and calls it by SHA (EVALSHA, reloading on NOSCRIPT).
 --
--- Every script works on ONE queue and touches only the keys passed in KEYS. All of them share
--- the queue's hash tag, so a script never crosses a Redis Cluster slot. KEYS[1..16] are always
--- the queue's keys, in this order (P = prefix, Q = queue name):
+-- Every script works on ONE queue (or one flow-control key, see the end) and touches only the
+-- keys passed in KEYS. All of them share one hash tag, so a script never crosses a Redis Cluster
+-- slot. For queue scripts KEYS[1..19] are always the queue's keys, in this order (P = prefix,
+-- Q = queue name):
 --
 --   1 paused     P:{Q}:paused      string  "1" while the queue is paused
 --   2 ready      P:{Q}:ready       list    the inbox that BLMOVE waits on. Producers LPUSH, workers
@@ -34,8 +35,17 @@
 --                                          for that payload, handed out when it is adopted
 --  15 started    P:{Q}:started     hash    id -> when its latest attempt was claimed
 --  16 progress   P:{Q}:progress    hash    id -> JSON progress of its latest attempt
+--  17 alerts     P:{Q}:alerts      hash    alert key -> JSON object of strings, the alert outbox
+--                                          row of a key whose events name Q: kd kind, tk task,
+--                                          jb job id, dt detail, c count, fa first_at, la last_at,
+--                                          na next_at, at attempts, le last error, sa sent_at,
+--                                          tok claim token. No TTL: one row per key, so bounded
+--  18 alertdue   P:{Q}:alertdue    zset    the pending rows (c > 0): score next_at, member key
+--  19 rawsince   P:{Q}:rawsince    string  when the inbox was first seen holding a raw payload;
+--                                          deleted by the claim that empties the inbox. The only
+--                                          date stats has for payloads not yet adopted
 --
--- Keys after 16 are per script: P:{Q}:processing:<broker id> (the list BLMOVE moves into) or
+-- Keys after 19 are per script: P:{Q}:processing:<broker id> (the list BLMOVE moves into) or
 -- P:{Q}:done:<id>, a finished job kept until its keep_until (completed with a kept result, or
 -- cancelled): a hash with meta, payload, attempts, keep_until, result, started_at, progress,
 -- and a real TTL.
@@ -47,12 +57,13 @@ local unpack = unpack or table.unpack
 local K_PAUSED, K_READY, K_WORKERS, K_QUEUED, K_SCHEDULED = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local K_LEASES, K_TOKENS, K_ATTEMPTS, K_PAYLOADS, K_META = KEYS[6], KEYS[7], KEYS[8], KEYS[9], KEYS[10]
 local K_DEAD, K_DEDUPE, K_SEQ, K_RAWIDS = KEYS[11], KEYS[12], KEYS[13], KEYS[14]
-local K_STARTED, K_PROGRESS = KEYS[15], KEYS[16]
-local NK = 16            -- the first per-script key is KEYS[NK + 1]
+local K_STARTED, K_PROGRESS, K_ALERTS, K_ALERTDUE, K_RAWSINCE = KEYS[15], KEYS[16], KEYS[17], KEYS[18], KEYS[19]
+local NK = 19            -- the first per-script key is KEYS[NK + 1]
 
 local WAKE = "00000000000000000000000000000000"
 local MAX_HINTS = 64     -- wake hints pushed per call: enough to wake every waiting worker
 local ID_AT = 39         -- where the id starts in a queued member
+local RA_LEN = 20        -- a queued member starts with its run_at, this many characters
 
 local function is_hint(e)
   return #e == 32 and not string.find(e, "[^0-9a-f]")
@@ -233,6 +244,74 @@ local function trim_dead(now, dead_max, dead_ttl)
   end
 end
 
+-- Whether s is UTF-8 (no overlong forms, no encoded surrogates). cjson passes any bytes through,
+-- but Python reads no task from a payload that does not decode, and an alert key that is not
+-- UTF-8 could not come back from Python to finish_alert. Only non-ASCII bytes are looked at.
+local function is_utf8(s)
+  local i = string.find(s, "[\128-\255]")
+  while i do
+    local c, extra = string.byte(s, i), 0
+    if c >= 0xC2 and c <= 0xDF then extra = 1
+    elseif c >= 0xE0 and c <= 0xEF then extra = 2
+    elseif c >= 0xF0 and c <= 0xF4 then extra = 3
+    else return false end
+    local lo, hi = 0x80, 0xBF
+    if c == 0xE0 then lo = 0xA0 elseif c == 0xED then hi = 0x9F
+    elseif c == 0xF0 then lo = 0x90 elseif c == 0xF4 then hi = 0x8F end
+    for j = i + 1, i + extra do
+      local d = string.byte(s, j)
+      if not d or d < lo or d > hi then return false end
+      lo, hi = 0x80, 0xBF
+    end
+    i = string.find(s, "[\128-\255]", i + extra + 1)
+  end
+  return true
+end
+
+-- The task name of a payload as taskkit.job.peek_task reads it (false when none is readable), so
+-- a dead job's alert key is the same on every broker: 1-200 characters, none of them a space or
+-- a control character (U+0000-U+0020, U+007F-U+009F; in UTF-8 the last are C2 80 - C2 9F).
+local function peek_task(payload)
+  if not is_utf8(payload) then return false end
+  local ok, data = pcall(cjson.decode, payload)
+  if not ok or type(data) ~= "table" then return false end
+  local t = data.task
+  if type(t) ~= "string" or string.find(t, "[%z\1-\32\127]") or string.find(t, "\194[\128-\159]") then
+    return false
+  end
+  local _, chars = string.gsub(t, "[^\128-\191]", "")
+  if chars < 1 or chars > 200 then return false end
+  return t
+end
+
+-- Merge one event into the outbox row of `key` (Broker.record_alert). task and job_id: false =
+-- none; detail is already cut to ALERT_DETAIL_LIMIT by the caller.
+local function record_alert(key, kind, task, job_id, detail, now_s)
+  local raw = redis.call("HGET", K_ALERTS, key)
+  local a
+  if raw then
+    a = cjson.decode(raw)
+  else
+    a = {c = "0", fa = now_s, la = now_s, na = now_s, at = "0"}
+  end
+  if tonumber(a.c) == 0 then
+    -- Delivered before: a new window starts, but not before the quiet window of the last one ends.
+    a.fa = now_s
+    if tonumber(a.na) < tonumber(now_s) then a.na = now_s end
+  end
+  a.c = string.format("%d", tonumber(a.c) + 1)
+  a.la, a.kd, a.dt = now_s, kind, detail
+  a.tk, a.jb = task or nil, job_id or nil
+  redis.call("HSET", K_ALERTS, key, cjson.encode(a))
+  redis.call("ZADD", K_ALERTDUE, a.na, key)
+end
+
+-- Flow-control keys carry a real TTL a little over what they must remember, so idle keys vanish;
+-- never shorten one that another holder's longer lease set.
+local function expire_at_least(key, ms)
+  if redis.call("PTTL", key) < tonumber(ms) then redis.call("PEXPIRE", key, ms) end
+end
+
 --!script enqueue
 -- KEYS: queue keys, then P:{Q}:done:<id> per job. ARGV: now, then 6 per job: id, payload,
 -- priority, run_at ('' = now), dedupe key ('' = none), max_attempts ('' = none).
@@ -282,6 +361,7 @@ local ids = redis.call("HGET", K_RAWIDS, payload)
 if ids then ids = ids .. " " .. id else ids = id end
 redis.call("HSET", K_RAWIDS, payload, ids)
 redis.call("LPUSH", K_READY, payload)
+redis.call("SET", K_RAWSINCE, now_s, "NX")
 return id
 
 --!script claim
@@ -300,6 +380,7 @@ local inbox = redis.call("RPOP", K_READY, inbox_max)
 if inbox then
   for i = 1, #inbox do fresh = fresh + adopt(inbox[i], now_s, new_id) end
 end
+if redis.call("LLEN", K_READY) == 0 then redis.call("DEL", K_RAWSINCE) end
 local due = redis.call("ZRANGEBYSCORE", K_SCHEDULED, "-inf", now_s, "LIMIT", 0, promote_max)
 for _, id in ipairs(due) do
   redis.call("ZREM", K_SCHEDULED, id)
@@ -381,17 +462,18 @@ return lost
 
 --!script settle
 -- KEYS: queue keys, then P:{Q}:done:<id> per item that keeps its result, in item order.
--- ARGV: now, dead_max, dead_ttl, then per item: id, token, op, and op's arguments:
+-- ARGV: now, dead_max, dead_ttl, queue name, then per item: id, token, op, and op's arguments:
 --   C                    complete, nothing kept
 --   K keep_until         complete, keep the job (no result) until keep_until
 --   Kr keep_until result complete, keep the job and its result
 --   R run_at, Re run_at error, with "c" appended to charge the attempt (Rc, Rec)
---   D error              dead letter
+--   D error              dead letter, and its alert in the same step (Broker.settle)
+--   Dd error detail      the same, with the alert's detail (error cut to the limit) apart
 -- Returns a string with one character per item: 1 (applied) or 0 (lease lost).
 local now_s = ARGV[1]
-local now, dead_max, dead_ttl = tonumber(now_s), tonumber(ARGV[2]), tonumber(ARGV[3])
+local now, dead_max, dead_ttl, queue = tonumber(now_s), tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4]
 local items, ids, tokens = {}, {}, {}
-local i, kept = 4, NK
+local i, kept = 5, NK
 while i <= #ARGV do
   local it = {id = ARGV[i], op = ARGV[i + 2]}
   ids[#ids + 1] = it.id
@@ -414,8 +496,12 @@ while i <= #ARGV do
       i = i + 1
     end
   elseif kind == "D" then
-    it.err = ARGV[i]
+    it.err, it.detail = ARGV[i], ARGV[i]
     i = i + 1
+    if it.op == "Dd" then
+      it.detail = ARGV[i]
+      i = i + 1
+    end
   end
   items[#items + 1] = it
 end
@@ -451,6 +537,8 @@ for n, it in ipairs(items) do
       m.st, m.le, m.fa = "dead", it.err, now_s
       redis.call("HSET", K_META, id, cjson.encode(m))
       redis.call("ZADD", K_DEAD, now_s, id)
+      local task = peek_task(redis.call("HGET", K_PAYLOADS, id) or "")
+      record_alert("dead:" .. queue .. ":" .. (task or "?"), "dead", task, id, it.detail, now_s)
       died = true
     end
   end
@@ -589,12 +677,33 @@ return n
 
 --!script stats
 -- KEYS: queue keys. ARGV: now, how many inbox elements to inspect.
--- Returns {ready, scheduled, running, dead, paused}; ready counts raw payloads still in the inbox.
+-- Returns {ready, scheduled, running, dead, paused, oldest_ready_at or ''}; ready counts raw
+-- payloads still in the inbox, dated by rawsince (set here when no one dated them yet).
 local now_s = ARGV[1]
+local now = tonumber(now_s)
 local raw = 0
 local inbox = redis.call("LRANGE", K_READY, -tonumber(ARGV[2]), -1)
 for _, e in ipairs(inbox) do
   if not is_hint(e) then raw = raw + 1 end
+end
+local oldest = ""
+local function older(t)
+  if t and (oldest == "" or tonumber(t) < tonumber(oldest)) then oldest = t end
+end
+-- queued is ordered by priority first: the earliest run_at is the head of one of its priority
+-- groups. Few priorities are in use; past MAX_GROUPS the answer is the best of those seen.
+local MAX_GROUPS = 100
+local head = redis.call("ZRANGE", K_QUEUED, 0, 0, "WITHSCORES")
+for _ = 1, MAX_GROUPS do
+  if not head[1] then break end
+  older(string.sub(head[1], 1, RA_LEN))
+  head = redis.call("ZRANGEBYSCORE", K_QUEUED, "(" .. head[2], "+inf", "WITHSCORES", "LIMIT", 0, 1)
+end
+local due = redis.call("ZRANGEBYSCORE", K_SCHEDULED, "-inf", now_s, "WITHSCORES", "LIMIT", 0, 1)
+older(due[2])
+if raw > 0 then
+  redis.call("SET", K_RAWSINCE, now_s, "NX")
+  older(redis.call("GET", K_RAWSINCE))
 end
 return {
   redis.call("ZCARD", K_QUEUED) + redis.call("ZCOUNT", K_SCHEDULED, "-inf", now_s) + raw,
@@ -602,4 +711,98 @@ return {
   redis.call("ZCARD", K_LEASES),
   redis.call("ZCARD", K_DEAD),
   redis.call("EXISTS", K_PAUSED),
+  oldest,
 }
+
+--!script alert_record
+-- KEYS: queue keys (of the event's queue). ARGV: now, key, kind, task ('' = none),
+-- job id ('' = none), detail (already cut). Merges the event into the key's row.
+local task, job_id = ARGV[4], ARGV[5]
+if task == "" then task = false end
+if job_id == "" then job_id = false end
+record_alert(ARGV[2], ARGV[3], task, job_id, ARGV[6], ARGV[1])
+return 1
+
+--!script alert_claim
+-- KEYS: queue keys. ARGV: now, next_at (now + lease_for), token base, then alert keys (picked by
+-- the caller from alertdue). Each one still pending and due gets a fresh token and next_at, so no
+-- other caller gets it until that lease runs out. Returns {key, row JSON, ...} of those claimed.
+local now, next_at, tok = tonumber(ARGV[1]), ARGV[2], ARGV[3]
+local out = {}
+for i = 4, #ARGV do
+  local key = ARGV[i]
+  local raw = redis.call("HGET", K_ALERTS, key)
+  local a = raw and cjson.decode(raw)
+  if not a or tonumber(a.c) == 0 then
+    -- A due entry without a pending row (deleted by hand) would head alertdue forever.
+    redis.call("ZREM", K_ALERTDUE, key)
+  elseif tonumber(a.na) <= now then
+    a.tok, a.na = tok .. string.format("%x", i), next_at
+    raw = cjson.encode(a)
+    redis.call("HSET", K_ALERTS, key, raw)
+    redis.call("ZADD", K_ALERTDUE, next_at, key)
+    out[#out + 1] = key
+    out[#out + 1] = raw
+  end
+end
+return out
+
+--!script alert_finish
+-- KEYS: queue keys. ARGV: key, token, count as claimed, next_at, now, op, [error]: op S (sent),
+-- F (failed), Fe (failed, with error). Records one delivery attempt while the token still holds
+-- the row; returns 1, or 0 (nothing written) when it does not.
+local key, token, claimed, next_at, now_s, op = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4], ARGV[5], ARGV[6]
+local raw = redis.call("HGET", K_ALERTS, key)
+if not raw then return 0 end
+local a = cjson.decode(raw)
+if a.tok ~= token then return 0 end
+a.tok, a.na = nil, next_at
+if op == "S" then
+  -- Events recorded while the delivery was in flight stay pending.
+  a.c = string.format("%d", math.max(0, tonumber(a.c) - claimed))
+  a.at, a.le, a.sa = "0", nil, now_s
+else
+  a.at = string.format("%d", tonumber(a.at) + 1)
+  a.le = nil
+  if op == "Fe" then a.le = ARGV[7] end
+end
+redis.call("HSET", K_ALERTS, key, cjson.encode(a))
+if tonumber(a.c) > 0 then
+  redis.call("ZADD", K_ALERTDUE, next_at, key)
+else
+  redis.call("ZREM", K_ALERTDUE, key)
+end
+return 1
+
+-- Flow control: each of these scripts works on ONE key of its own hash tag, P:rate:{K} or
+-- P:slots:{K} (see brokers/redis.py), so every worker's acquire is one atomic step.
+
+--!script rate
+-- KEYS: P:rate:{K}, a string: the next free time. ARGV: now, now + interval, key TTL (ms).
+-- Grants (records the next free time, returns false) when now is at or after the next free
+-- time; otherwise records nothing and returns the next free time.
+local free = redis.call("GET", KEYS[1])
+if free and tonumber(ARGV[1]) < tonumber(free) then return free end
+redis.call("SET", KEYS[1], ARGV[2], "PX", ARGV[3])
+return false
+
+--!script slot_acquire
+-- KEYS: P:slots:{K}, a zset: holder -> expiry. ARGV: now, holder, limit, now + ttl, key TTL (ms).
+-- Drops holders expired before now; then holds a slot for `holder` if it has one already or
+-- fewer than `limit` are held. Returns 1 when held, else 0.
+local key, holder = KEYS[1], ARGV[2]
+redis.call("ZREMRANGEBYSCORE", key, "-inf", "(" .. ARGV[1])
+if not redis.call("ZSCORE", key, holder) and redis.call("ZCARD", key) >= tonumber(ARGV[3]) then
+  return 0
+end
+redis.call("ZADD", key, ARGV[4], holder)
+expire_at_least(key, ARGV[5])
+return 1
+
+--!script slot_extend
+-- KEYS: P:slots:{K}. ARGV: holder, now + ttl, key TTL (ms). Pushes the expiry of a slot still
+-- held; one no longer held is not taken again. Returns 1 when extended.
+if not redis.call("ZSCORE", KEYS[1], ARGV[1]) then return 0 end
+redis.call("ZADD", KEYS[1], ARGV[2], ARGV[1])
+expire_at_least(KEYS[1], ARGV[3])
+return 1

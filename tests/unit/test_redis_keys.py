@@ -1,7 +1,8 @@
 """Mechanics of the Redis broker's storage (behaviour is in tests/contract/):
 
-- every key it writes is under the prefix, the keys of one queue share the queue's hash tag, and
-  every Lua script touches only the keys it was passed (checked with MONITOR on a real server);
+- every key it writes is under the prefix, the keys of one queue share the queue's hash tag, a
+  rate or slot key is its own hash tag, and every Lua script touches only the keys it was passed
+  (checked with MONITOR on a real server);
 - an element that BLMOVE moved into a processing list just before the worker died is recovered
   by another worker once the processing grace period is over;
 - a foreign producer's ``redis-cli LPUSH`` (the real binary) is delivered, good or malformed;
@@ -23,7 +24,7 @@ import pytest
 
 from brokers.redis import RedisBroker
 from taskkit.errors import PayloadInvalid
-from taskkit.job import Job, JobState, decode_job
+from taskkit.job import AlertEvent, Job, JobState, decode_job
 from taskkit.outcome import Complete, DeadLetter, Retry
 from taskkit.testing import FakeClock
 from tests import servers
@@ -140,6 +141,22 @@ async def _workload(space: BrokerSpace, clock: FakeClock) -> RedisBroker:
     await b.set_paused("mail", True)
     await b.stats(clock.now())
     await b.set_paused("mail", False)
+    # The alert outbox (the first dead letter above recorded an alert on "mail") and flow
+    # control, with a limit key holding braces that must not cut the hash tag short.
+    stall = AlertEvent("stall:default", "stall", "default", None, None, "waited")
+    await b.record_alert(stall, clock.now())
+    claimed = await other.claim_alerts(10, LEASE, clock.now())
+    assert {a.queue for a in claimed} == {"default", "mail"}
+    assert await other.finish_alert(claimed[0], True, clock.now() + 600, None, clock.now())
+    assert await other.finish_alert(claimed[1], False, clock.now() + 5, "HTTP 503", clock.now())
+    assert len(await b.list_alerts(False, 10)) == len(claimed)
+    assert await b.acquire_rate("task:t.a", 5.0, clock.now()) == 0.0
+    assert await b.acquire_rate("task:t.a", 5.0, clock.now()) == 5.0
+    for key in ("task:t.a", "task:{odd}"):
+        assert await b.acquire_slot(key, "h1", 1, 30, clock.now())
+        assert not await other.acquire_slot(key, "h2", 1, 30, clock.now())
+    await b.extend_slots([("task:t.a", "h1"), ("task:{odd}", "h1")], 30, clock.now())
+    await b.release_slots([("task:t.a", "h1")])
     # A broker that dies between BLMOVE and its claim, recovered by another after the grace.
     crashed = await connected(space)
     await crashed.reserve(["mail"], 1, LEASE, 0, clock.now())
@@ -177,12 +194,19 @@ async def test_every_key_is_under_the_prefix_and_each_script_keeps_to_its_keys(
             monitor.terminate()
             monitor.wait(10)
 
-    # 1. Every key we wrote is under the prefix; each queue's keys carry its hash tag.
+    # 1. Every key we wrote is under the prefix; each queue's keys carry its hash tag, each rate
+    # or slot key its own (a brace in the limit key is hashed away).
     ours = {k for k in after if k.startswith(f"{prefix}:")}
     assert f"{prefix}:queues" in ours
+    p = re.escape(prefix)
     for key in ours - {f"{prefix}:queues"}:
-        assert re.fullmatch(rf"{re.escape(prefix)}:\{{(default|mail)\}}:[a-z]+(:.+)?", key), key
-    assert {_tag(k) for k in ours} == {None, "default", "mail"}
+        queue_key = re.fullmatch(rf"{p}:\{{(default|mail)\}}:[a-z]+(:.+)?", key)
+        assert queue_key or re.fullmatch(rf"{p}:(rate|slots):\{{[^{{}}]+\}}(:sha1)?", key), key
+    odd = b.flow_key("slots", "task:{odd}")
+    assert re.fullmatch(rf"{p}:slots:\{{[0-9a-f]{{40}}\}}:sha1", odd)
+    assert {f"{prefix}:rate:{{task:t.a}}", odd} <= ours
+    assert f"{prefix}:slots:{{task:t.a}}" not in ours, "the last release deletes the zset"
+    assert {_tag(k) for k in ours} == {None, "default", "mail", "task:t.a", _tag(odd)}
     # Nothing outside the prefix, except other tests' prefixes on a shared server.
     strays = {k for k in after - before - ours if not re.match(r"t\d+_", k)}
     assert strays == set()
@@ -206,7 +230,7 @@ async def test_every_key_is_under_the_prefix_and_each_script_keeps_to_its_keys(
         if command in ("EVALSHA", "EVAL") and any(a.startswith(f"{prefix}:") for a in args):
             keys = args[3 : 3 + int(args[2])]
             assert len({_tag(k) for k in keys}) == 1 and _tag(keys[0]), keys
-            assert all(k.startswith(f"{prefix}:{{") for k in keys), keys
+            assert all(re.match(rf"{re.escape(prefix)}:((rate|slots):)?\{{", k) for k in keys)
             declared = set(keys)
             checked_calls += 1
         elif command == "BLMOVE" and args[1].startswith(f"{prefix}:"):

@@ -1,5 +1,6 @@
 """Mechanics of the Redis broker beyond the contract: script reloading, dead-letter retention,
-real TTLs, the BLMOVE wait (several queues, scheduled jobs, resume), batching corner cases.
+real TTLs, the BLMOVE wait (several queues, scheduled jobs, resume), batching corner cases, where
+alert rows and flow-control keys live, and how stats dates what is ready.
 Each runs on the real server and on fakeredis."""
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from redis import exceptions as rex
 
 from brokers.redis import QueueKeys, RedisBroker
 from taskkit.errors import BrokerUnavailable
-from taskkit.job import Job, JobState, Lease
+from taskkit.job import ALERT_DETAIL_LIMIT, AlertEvent, Job, JobState, Lease, peek_task
 from taskkit.outcome import Complete, DeadLetter, Outcome
 from taskkit.testing import FakeClock
 from tests import servers
@@ -283,3 +284,190 @@ async def test_a_lost_connection_is_broker_unavailable_and_queues_are_registered
     assert await broker.reserve(["default", "other"], 1, LEASE, 0, clock.now()) == []
     members = await backend.cmd(broker.client, "SMEMBERS", registry)
     assert sorted(members) == [b"default", b"other"]
+
+
+# -- the alert outbox ----------------------------------------------------------------------------
+
+
+async def _kill(
+    broker: RedisBroker, now: float, queue: str, payload: str | bytes, error: str
+) -> str:
+    jid = await broker.enqueue_raw(queue, payload, now)
+    [d] = await broker.reserve([queue], 1, LEASE, 0, now)
+    assert d.job_id == jid
+    assert await broker.settle([(d.lease, DeadLetter(error))], now) == [True]
+    return jid
+
+
+async def test_an_alert_row_lives_with_its_queue_and_outlives_its_delivery(
+    broker: RedisBroker, clock: FakeClock
+) -> None:
+    now = clock.now()
+    await _kill(broker, now, "mail", '{"task": "t.send"}', "E: boom")
+    k = broker.keys("mail")
+    assert await backend.cmd(broker.client, "HKEYS", k.alerts) == [b"dead:mail:t.send"]
+    assert await backend.cmd(broker.client, "PTTL", k.alerts) == -1, "no TTL on alert rows"
+    score = await backend.cmd(broker.client, "ZSCORE", k.alertdue, "dead:mail:t.send")
+    assert float(score) == pytest.approx(now)
+    [claimed] = await broker.claim_alerts(10, LEASE, now)
+    assert claimed.queue == "mail"
+    assert await broker.finish_alert(claimed, True, now + 600, None, now)
+    assert await backend.cmd(broker.client, "ZCARD", k.alertdue) == 0, "nothing pending"
+    assert await backend.cmd(broker.client, "HLEN", k.alerts) == 1, "the quiet window is kept"
+
+
+async def test_a_dead_payload_alerts_under_the_task_peek_task_reads(
+    broker: RedisBroker, clock: FakeClock
+) -> None:
+    now = clock.now()
+    cases: dict[bytes, str] = {
+        b"not json": "?",
+        b"[1, 2]": "?",
+        b'{"task": 5}': "?",
+        b'{"task": "has space"}': "?",
+        b'{"task": "c1\\u0085ctrl"}': "?",  # U+0085 is a control character
+        b'{"task": "' + b"x" * 201 + b'"}': "?",
+        b'{"task": "t.x", "a": "\xff"}': "?",  # not UTF-8: Python reads nothing from it
+        b'{"task": "t\\u00e2che.envoi", "args": []}': "tâche.envoi",
+        ('{"task": "' + "é" * 200 + '"}').encode(): "é" * 200,  # 200 characters, 400 bytes
+    }
+    for payload, task in cases.items():
+        assert (peek_task(payload) or "?") == task, "the same key as every other broker"
+    # Python reads an encoded surrogate (surrogatepass) into a task no client can send back as
+    # a key; here it is no task at all.
+    cases[b'{"task": "t.\xed\xa0\x80"}'] = "?"
+    for payload, task in cases.items():
+        await _kill(broker, now, "default", payload, "E")
+        keys = {a.key for a in await broker.list_alerts(True, 100)}
+        assert f"dead:default:{task}" in keys, payload
+    alerts = {a.key: a for a in await broker.list_alerts(True, 100)}
+    assert alerts["dead:default:?"].count == 8 and alerts["dead:default:?"].task is None
+    assert alerts["dead:default:tâche.envoi"].task == "tâche.envoi"
+
+
+async def test_the_alert_detail_is_cut_by_characters_and_the_dead_letter_keeps_it_all(
+    broker: RedisBroker, clock: FakeClock
+) -> None:
+    error = "é" * (ALERT_DETAIL_LIMIT + 10)
+    jid = await _kill(broker, clock.now(), "default", '{"task": "t.x"}', error)
+    [alert] = await broker.list_alerts(True, 10)
+    assert alert.detail == "é" * ALERT_DETAIL_LIMIT and alert.job_id == jid
+    [dead] = await broker.list_dead("default", 10)
+    assert dead.last_error == error
+    await broker.record_alert(AlertEvent("stall:default", "stall", "default", None, None, error), 0)
+    [_, stall] = await broker.list_alerts(True, 10)
+    assert stall.detail == "é" * ALERT_DETAIL_LIMIT
+
+
+async def test_claim_alerts_takes_the_earliest_across_queues(
+    broker: RedisBroker, clock: FakeClock
+) -> None:
+    now = clock.now()
+    for offset, queue in ((2, "a"), (0, "b"), (3, "b"), (1, "c")):
+        event = AlertEvent(f"stall:{queue}:{offset}", "stall", queue, None, None, "slow")
+        await broker.record_alert(event, now + offset)
+    first = await broker.claim_alerts(3, LEASE, now + 10)
+    assert [a.key for a in first] == ["stall:b:0", "stall:c:1", "stall:a:2"]
+    assert [a.key for a in await broker.claim_alerts(3, LEASE, now + 10)] == ["stall:b:3"]
+    listed = await broker.list_alerts(True, 2)
+    assert [a.key for a in listed] == ["stall:b:0", "stall:c:1"], "oldest first_at first"
+
+
+async def test_a_finish_without_a_claim_token_writes_nothing(
+    broker: RedisBroker, clock: FakeClock
+) -> None:
+    await broker.record_alert(AlertEvent("k", "stall", "default", None, None, "d"), clock.now())
+    [row] = await broker.list_alerts(True, 10)
+    assert row.token is None
+    assert not await broker.finish_alert(row, True, clock.now(), None, clock.now())
+    [forged] = await broker.list_alerts(True, 10)
+    forged.token = "not-the-token"
+    assert not await broker.finish_alert(forged, True, clock.now(), None, clock.now())
+    assert (await broker.list_alerts(True, 10))[0].count == 1
+
+
+async def test_a_due_entry_whose_row_is_gone_is_dropped_not_claimed_forever(
+    broker: RedisBroker, clock: FakeClock
+) -> None:
+    now = clock.now()
+    for key in ("stall:gone", "stall:kept"):
+        await broker.record_alert(AlertEvent(key, "stall", "default", None, None, "d"), now)
+    k = broker.keys("default")
+    await backend.cmd(broker.client, "HDEL", k.alerts, "stall:gone")
+    assert [a.key for a in await broker.claim_alerts(1, LEASE, now)] == []
+    assert [a.key for a in await broker.claim_alerts(1, LEASE, now)] == ["stall:kept"]
+    assert await backend.cmd(broker.client, "ZSCORE", k.alertdue, "stall:gone") is None
+
+
+# -- flow control --------------------------------------------------------------------------------
+
+
+async def test_rate_and_slot_keys_expire_a_little_after_they_stop_mattering(
+    broker: RedisBroker, clock: FakeClock
+) -> None:
+    now = clock.now()
+    assert await broker.acquire_rate("task:t.x", 20.0, now) == 0.0
+    pttl = await backend.cmd(broker.client, "PTTL", broker.flow_key("rate", "task:t.x"))
+    assert 20_000 < pttl <= 22_000
+    slots = broker.flow_key("slots", "task:t.x")
+    assert await broker.acquire_slot("task:t.x", "long", 5, 100, now)
+    assert await broker.acquire_slot("task:t.x", "short", 5, 10, now)
+    assert 100_000 < await backend.cmd(broker.client, "PTTL", slots) <= 102_000, "not shortened"
+    await broker.extend_slots([("task:t.x", "short")], 300, now)
+    assert 300_000 < await backend.cmd(broker.client, "PTTL", slots) <= 302_000
+    await broker.release_slots([("task:t.x", "long"), ("task:t.x", "short")])
+    assert await backend.cmd(broker.client, "EXISTS", slots) == 0
+
+
+async def test_limit_keys_with_braces_stay_apart(broker: RedisBroker, clock: FakeClock) -> None:
+    now = clock.now()
+    names = ["a{b}", "a{c}", "{}", "", "a}"]
+    keys = {broker.flow_key("rate", n) for n in names}
+    assert len(keys) == len(names)
+    for key in keys:
+        assert key.count("{") == key.count("}") == 1
+    for name in names:
+        assert await broker.acquire_rate(name, 5.0, now) == 0.0, name
+        assert await broker.acquire_slot(name, "h", 1, 5, now), name
+
+
+async def test_an_expired_slot_nobody_took_is_extended_again(
+    broker: RedisBroker, clock: FakeClock
+) -> None:
+    """As in the reference broker: only another acquire drops an expired holder."""
+    now = clock.now()
+    assert await broker.acquire_slot("k", "slow", 1, 10, now)
+    await broker.extend_slots([("k", "slow")], 10, now + 15)
+    assert not await broker.acquire_slot("k", "other", 1, 10, now + 20)
+
+
+# -- stats.oldest_ready_at -----------------------------------------------------------------------
+
+
+async def test_the_oldest_ready_job_is_found_across_priorities(
+    broker: RedisBroker, clock: FakeClock
+) -> None:
+    now = clock.now()
+    await broker.enqueue([Job(task="t.hi", priority=9)], now + 5)
+    await broker.enqueue([Job(task="t.lo", priority=-1)], now + 1)
+    await broker.enqueue([Job(task="t.mid", priority=3)], now + 2)
+    await broker.enqueue([Job(task="t.due", run_at=now + 3)], now)  # due, not yet promoted
+    assert (await broker.stats(now + 10))["default"].oldest_ready_at == pytest.approx(now + 1)
+
+
+async def test_foreign_payloads_are_dated_when_first_seen(
+    broker: RedisBroker, clock: FakeClock
+) -> None:
+    now = clock.now()
+    k = broker.keys("q")
+    await backend.cmd(broker.client, "LPUSH", k.ready, '{"task": "t.x"}')
+    await backend.cmd(broker.client, "SADD", f"{broker.prefix}:queues", "q")
+    assert (await broker.stats(now))["q"].oldest_ready_at == pytest.approx(now)
+    st = (await broker.stats(now + 60))["q"]
+    assert st.ready == 1 and st.oldest_ready_at == pytest.approx(now), "the first sighting"
+    assert len(await broker.reserve(["q"], 1, LEASE, 0, now + 61)) == 1
+    assert await backend.cmd(broker.client, "EXISTS", k.rawsince) == 0, "the inbox is empty"
+    assert (await broker.stats(now + 61))["q"].oldest_ready_at is None
+    # enqueue_raw dates its payload itself, before any stats call sees it.
+    await broker.enqueue_raw("q", '{"task": "t.y"}', now + 70)
+    assert (await broker.stats(now + 90))["q"].oldest_ready_at == pytest.approx(now + 70)
