@@ -37,7 +37,7 @@ _TASK_RE = re.compile(r"^[^\x00-\x20\x7f-\x9f]{1,200}$")
 
 def validate_queue_name(name: str) -> str:
     """Return ``name`` if it is a valid queue name, else raise ConfigurationError."""
-    if not isinstance(name, str) or not _NAME_RE.match(name):
+    if not isinstance(name, str) or not _NAME_RE.fullmatch(name):
         raise ConfigurationError(
             f"invalid queue name {name!r}: use 1-128 characters from A-Z a-z 0-9 _ . : - "
             "starting with a letter or digit"
@@ -53,7 +53,7 @@ def new_job_id() -> str:
 
 def validate_task_name(name: str) -> str:
     """Raise ConfigurationError unless ``name`` is a valid task name; return it."""
-    if not isinstance(name, str) or not _TASK_RE.match(name):
+    if not isinstance(name, str) or not _TASK_RE.fullmatch(name):
         raise ConfigurationError(
             f"invalid task name {name!r}: use 1-200 printable characters without spaces"
         )
@@ -96,7 +96,7 @@ class Job(BaseModel):
     @field_validator("task")
     @classmethod
     def _task_name(cls, value: str) -> str:
-        if not _TASK_RE.match(value):
+        if not _TASK_RE.fullmatch(value):
             raise ValueError(
                 "task name must be 1-200 printable characters without spaces or control characters"
             )
@@ -105,7 +105,7 @@ class Job(BaseModel):
     @field_validator("queue")
     @classmethod
     def _queue_name(cls, value: str) -> str:
-        if not _NAME_RE.match(value):
+        if not _NAME_RE.fullmatch(value):
             raise ValueError("queue name must be 1-128 characters from A-Z a-z 0-9 _ . : -")
         return value
 
@@ -171,7 +171,7 @@ def peek_task(raw: bytes | str) -> str | None:
         return None
     task = data.get("task") if isinstance(data, dict) else None
     # Only a valid name: brokers store it in columns that cannot hold control characters.
-    return task if isinstance(task, str) and _TASK_RE.match(task) else None
+    return task if isinstance(task, str) and _TASK_RE.fullmatch(task) else None
 
 
 def _short(exc: BaseException, limit: int = 200) -> str:

@@ -90,7 +90,7 @@ async def test_using_a_broker_before_connect_says_so() -> None:
 def test_every_key_of_a_queue_carries_its_hash_tag() -> None:
     k = QueueKeys("app", "mail:eu")
     keys = [*k.fixed, k.processing("b1"), k.done("j1")]
-    assert len(set(keys)) == len(keys) == 18
+    assert len(set(keys)) == len(keys) == 21
     for key in keys:
         assert key.startswith("app:{mail:eu}:")
         assert re.findall(r"\{([^}]*)\}", key) == ["mail:eu"]
@@ -100,9 +100,10 @@ def test_scripts_are_all_there_and_documented() -> None:
     assert set(_SCRIPTS) == {
         "enqueue", "push_raw", "claim", "reclaim", "recover", "extend", "settle", "release",
         "get", "list_dead", "requeue", "purge", "stats", "cancel", "progress",
+        "alert_record", "alert_claim", "alert_finish", "rate", "slot_acquire", "slot_extend",
     }  # fmt: skip
     for script in _SCRIPTS.values():
-        assert "KEYS[1..16]" in script.text  # the layout header travels with every script
+        assert "KEYS[1..19]" in script.text  # the layout header travels with every script
         assert f"--!script {script.name}" not in script.text
 
 
