@@ -100,9 +100,6 @@ def test_the_json_schema_file_matches_the_model() -> None:
 
 
 def test_a_trailing_newline_is_not_part_of_a_valid_name() -> None:
-    from taskkit.errors import ConfigurationError
-    from taskkit.job import peek_task, validate_queue_name
-
     with pytest.raises(ConfigurationError):
         validate_queue_name("mail\n")
     assert peek_task('{"task": "t.ok\\n"}') is None
