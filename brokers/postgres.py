@@ -36,6 +36,10 @@ Wake-ups: every statement that makes jobs runnable sends one ``pg_notify`` per q
 channel ``taskkit.<schema>`` (payload: the queue name). A ``reserve`` with nothing due listens on
 a dedicated connection (re-armed after a reconnect) and claims again when its queues are
 notified, or after a short poll interval, which also picks up scheduled jobs as they come due.
+A retry due within a few seconds (a job snoozed by a rate or concurrency limit, a short backoff)
+is announced at settle as ``<queue> <run_at>``: every listener wakes its waiters of that queue
+at that time, so the fleet picks the job up when it comes due rather than at its next poll
+(which would let whichever worker polls first take every snoozed job, one poll at a time).
 
 Alerts and flow control: a dead letter records its alert (see ``Broker.settle``) in the settle
 statement itself, so the two commit together; the alert outbox, the rate-limit and the
@@ -116,6 +120,12 @@ _PRUNE_IDLE_AFTER = 86_400.0
 _RACE_RETRIES = 3
 _WRITE_TIMEOUT = 30.0  # bound on a shielded write (see _write)
 _RATE_RETRY = 0.05  # the wait acquire_rate answers when it could not read the next free time
+# Retries due within this many seconds are announced with their run time (see the docstring).
+_ANNOUNCE_AHEAD = 5.0
+# A timed wake-up fires this much after the run time: asyncio timers may fire a little early and
+# hosts' clocks differ a little, and a claim just before the job is due finds nothing and goes
+# back to its poll interval.
+_DUE_SLACK = 0.02
 
 # Driver errors that mean "the connection broke": the server went away or restarted, or the
 # driver lost track of the protocol on a connection the server was closing. Every pooled
@@ -722,6 +732,7 @@ class PostgresBroker(Broker):
                 [row[3] for _, row in batch],
                 now,
                 ALERT_DETAIL_LIMIT,
+                _ANNOUNCE_AHEAD,
             )
         return _first_wins(leases, {(r["id"], r["token"]) for r in recs})
 
@@ -788,9 +799,25 @@ class PostgresBroker(Broker):
             for event in waiting:
                 event.set()
 
-    def _on_notify(self, conn: Any, pid: int, channel: str, payload: str) -> None:
-        for event in self._waiters.get(payload, ()):
+    def _wake_queue(self, queue: str) -> None:
+        for event in self._waiters.get(queue, ()):
             event.set()
+
+    def _on_notify(self, conn: Any, pid: int, channel: str, payload: str) -> None:
+        # "<queue>" means now; "<queue> <run_at>" (queue names hold no spaces) means at run_at,
+        # by this host's wall clock (the core's clock is wall time too). A time that does not
+        # parse wakes at once: a spurious claim is cheap, a missed one costs a poll interval.
+        queue, _, due = payload.partition(" ")
+        try:
+            delay = float(due) - time.time() if due else 0.0
+        except ValueError:
+            delay = 0.0
+        if delay <= 0:
+            self._wake_queue(queue)
+        else:
+            # Bounded: a sender whose clock runs ahead must not park the wake-up for long.
+            delay = min(delay, _ANNOUNCE_AHEAD) + _DUE_SLACK
+            asyncio.get_running_loop().call_later(delay, self._wake_queue, queue)
 
     def _on_listener_lost(self, conn: Any) -> None:
         if self._listener is conn:

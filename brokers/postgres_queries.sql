@@ -10,7 +10,8 @@
 -- means state = 'running' (a CHECK constraint; see postgres_migrations.sql for why the state is
 -- not repeated in these statements). Alerts are fenced the same way, by (key, token).
 -- A statement that makes jobs runnable wakes idle workers with at most one pg_notify per queue
--- (payload: the queue name); notifications are delivered when the transaction commits.
+-- (payload: the queue name); notifications are delivered when the transaction commits. settle
+-- also announces retries due soon as '<queue> <run_at>': listeners wake at that time.
 
 
 -- name: lock_migrations
@@ -148,8 +149,10 @@ RETURNING j.id, j.lease_token;
 -- per key: a group of n counts as n events, and its last job in batch order is the latest event
 -- (job_id and detail). Alert rows are written in key order, so concurrent batches lock shared
 -- keys in one order and cannot deadlock on them.
+-- A retry due within $9 seconds is announced as '<queue> <run_at>' (one per distinct pair), so
+-- that listeners wake when it comes due instead of at their next poll.
 -- $1 ids, $2 tokens, $3 kinds, $4 text (result or error), $5 time (keep_until or run_at),
--- $6 charge_attempt, $7 now, $8 the alert detail limit (characters)
+-- $6 charge_attempt, $7 now, $8 the alert detail limit (characters), $9 announce-ahead seconds
 WITH s AS MATERIALIZED (
     SELECT *
     FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::float8[], $6::bool[])
@@ -181,8 +184,13 @@ moved AS (
                    THEN coalesce(j.task, {schema}.payload_task(j.payload)) END AS task
 ),
 woken AS (
-    SELECT count(pg_notify('{channel}', q.queue)) AS n
-    FROM (SELECT DISTINCT queue FROM moved WHERE kind = 'retry' AND at <= $7) AS q
+    SELECT count(pg_notify('{channel}', q.payload)) AS n
+    FROM (
+        SELECT DISTINCT CASE WHEN at <= $7::float8 THEN queue ELSE queue || ' ' || at::text END
+               AS payload
+        FROM moved
+        WHERE kind = 'retry' AND at <= $7::float8 + $9::float8
+    ) AS q
 ),
 dead AS (
     SELECT DISTINCT ON (d.key)

@@ -454,6 +454,29 @@ async def test_the_listener_is_rearmed_after_its_connection_dies(url: str) -> No
         assert got == [jid]
 
 
+async def test_a_retry_due_soon_wakes_listeners_when_it_comes_due(url: str) -> None:
+    """A snoozed job is announced with its run time: an idle worker in another process claims it
+    when it comes due, not at its next poll (60 s here)."""
+    async with PostgresBroker(url, poll_interval=60) as consumer, PostgresBroker(url) as producer:
+        now = time.time()
+        [jid] = await producer.enqueue([Job(task="t.noop")], now)
+        [d] = await producer.reserve(["default"], 1, LEASE, 0, now)
+        got: list[str] = []
+
+        async def consume() -> None:
+            claimed = await consumer.reserve(["default"], 1, LEASE, 10, time.time())
+            got.extend(x.job_id for x in claimed)
+
+        with anyio.fail_after(5):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(consume)
+                await anyio.sleep(0.2)  # the consumer found nothing and listens
+                due = time.time() + 0.5
+                snooze = Retry(due, "Throttled", charge_attempt=False)
+                assert await producer.settle([(d.lease, snooze)], time.time()) == [True]
+        assert got == [jid] and time.time() >= due
+
+
 async def test_pgbouncer_mode_polls_without_listen_or_prepared_statements(url: str) -> None:
     bouncer_url = f"{url}&listen=0&prepared=0"
     async with PostgresBroker(bouncer_url, poll_interval=0.1) as consumer:
@@ -524,7 +547,7 @@ async def test_batched_writes_do_not_scan_the_running_set_per_row(url: str) -> N
         ids, tokens = [d.job_id for d in got], [d.lease.token for d in got]
         n = len(got)
         plans = {
-            "settle": (ids, tokens, ["ack"] * n, [None] * n, [None] * n, [True] * n, 0.0, 99),
+            "settle": (ids, tokens, ["ack"] * n, [None] * n, [None] * n, [True] * n, 0.0, 99, 5.0),
             "extend": (ids, tokens, 60.0),
             "release": (ids, tokens, 0.0),
         }
