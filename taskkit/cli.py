@@ -528,7 +528,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _first_error(exc: ValidationError) -> str:
     err = exc.errors()[0]
-    return f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}"
+    message = err["msg"].removeprefix("Value error, ")  # our validators' messages stand alone
+    return f"{'.'.join(str(p) for p in err['loc'])}: {message}"
 
 
 def _unwrap_groups(func: Callable[[argparse.Namespace], int], args: argparse.Namespace) -> int:

@@ -98,7 +98,7 @@ class WorkerSettings(BaseModel):
     @classmethod
     def _webhook(cls, value: str | None) -> str | None:
         if value is not None and not value.startswith(("http://", "https://")):
-            raise ValueError("alert_webhook must be an http:// or https:// URL")
+            raise ValueError("must be an http:// or https:// URL")
         return value
 
     @field_validator("queues")
