@@ -265,44 +265,42 @@ def _pool_size(value: str | None, url: str) -> int:
 # -- rows ----------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
-class _Row:
-    """One job as the enqueue statement takes it."""
-
-    id: str
-    queue: str
-    task: str | None
-    priority: int
-    run_at: float
-    max_attempts: int | None
-    payload: str
-    dedupe_key: str | None
-
-
-def _job_row(job: Job, now: float) -> _Row:
-    return _Row(
-        job.id,
-        job.queue,
-        job.task,
-        job.priority,
-        now if job.run_at is None else job.run_at,
-        job.max_attempts,
-        job.to_wire(),
-        job.dedupe_key,
-    )
+# The enqueue statement's columns, in its parameter order ($1..$8): ids, queues, tasks,
+# priorities, run_at, max_attempts, payloads, dedupe keys.
+_Columns = tuple[
+    list[str],
+    list[str],
+    list[str | None],
+    list[int],
+    list[float],
+    list[int | None],
+    list[str],
+    list[str | None],
+]
 
 
-def _columns(rows: Sequence[_Row]) -> tuple[list[Any], ...]:
-    return (
-        [r.id for r in rows],
-        [r.queue for r in rows],
-        [r.task for r in rows],
-        [r.priority for r in rows],
-        [r.run_at for r in rows],
-        [r.max_attempts for r in rows],
-        [r.payload for r in rows],
-        [r.dedupe_key for r in rows],
-    )
+def _job_columns(jobs: Sequence[Job], now: float) -> _Columns:
+    """The batch as the enqueue statement takes it, built column by column in one pass: a row
+    object per job and a transpose afterwards cost more than the payload encoding itself."""
+    ids: list[str] = []
+    queues: list[str] = []
+    tasks: list[str | None] = []
+    priorities: list[int] = []
+    run_ats: list[float] = []
+    max_attempts: list[int | None] = []
+    payloads: list[str] = []
+    keys: list[str | None] = []
+    for job in jobs:
+        ids.append(job.id)
+        queues.append(job.queue)
+        tasks.append(job.task)
+        priorities.append(job.priority)
+        run_at = job.run_at
+        run_ats.append(now if run_at is None else run_at)
+        max_attempts.append(job.max_attempts)
+        payloads.append(job.to_wire())
+        keys.append(job.dedupe_key)
+    return ids, queues, tasks, priorities, run_ats, max_attempts, payloads, keys
 
 
 def _settle_row(outcome: Outcome) -> tuple[str, str | None, float | None, bool]:
@@ -598,10 +596,9 @@ class PostgresBroker(Broker):
         """See Broker.enqueue: one INSERT ... ON CONFLICT DO NOTHING for the batch."""
         if not jobs:
             return []
-        rows = [_job_row(job, now) for job in jobs]
+        columns = _job_columns(jobs, now)
         async with self._errors("enqueue"):
-            async with self.pool.acquire() as conn:
-                return await self._insert(conn, rows, now)
+            return await self._insert(self.pool, columns, now)
 
     async def enqueue_in(self, conn: Any, jobs: Sequence[Job], now: float) -> list[str]:
         """Enqueue with the caller's asyncpg connection, inside its transaction if one is open:
@@ -610,7 +607,7 @@ class PostgresBroker(Broker):
         if not jobs:
             return []
         async with self._errors("enqueue"):
-            return await self._insert(conn, [_job_row(job, now) for job in jobs], now)
+            return await self._insert(conn, _job_columns(jobs, now), now)
 
     async def enqueue_raw(self, queue: str, payload: bytes | str, now: float) -> str:
         """See Broker.enqueue_raw. A payload PostgreSQL text cannot hold (bytes that are not
@@ -628,20 +625,33 @@ class PostgresBroker(Broker):
                 raw = payload if isinstance(payload, bytes) else payload.encode("utf-8")
                 await self.pool.execute(self._sql.q["enqueue_bytes"], job_id, queue, raw, now)
                 return job_id
-            row = _Row(job_id, queue, peek_task(text), 0, now, None, text, None)
-            async with self.pool.acquire() as conn:
-                [stored_id] = await self._insert(conn, [row], now)
+            row: _Columns = (
+                [job_id],
+                [queue],
+                [peek_task(text)],
+                [0],
+                [now],
+                [None],
+                [text],
+                [None],
+            )
+            [stored_id] = await self._insert(self.pool, row, now)
         return stored_id
 
-    async def _insert(self, conn: Any, rows: Sequence[_Row], now: float) -> list[str]:
-        """Run the enqueue statement; resolve skipped rows to the id that holds their place."""
-        ids: list[str | None] = [None] * len(rows)
-        todo = list(range(len(rows)))
+    async def _insert(self, conn: Any, columns: _Columns, now: float) -> list[str]:
+        """Run the enqueue statement; resolve skipped rows to the id that holds their place.
+        ``conn`` is a connection or the pool (whose ``fetch`` acquires and releases one: the
+        same round trip, without a context manager's overhead per call)."""
+        ids: list[str] = list(columns[0])
+        keys = columns[7]
+        todo = list(range(len(ids)))
+        batch: Sequence[list[Any]] = columns
         for _ in range(_RACE_RETRIES):
-            recs = await conn.fetch(self._sql.q["enqueue"], *_columns([rows[i] for i in todo]), now)
-            todo = _resolve(ids, todo, recs)
+            recs = await conn.fetch(self._sql.q["enqueue"], *batch, now)
+            todo = _resolve(ids, keys, todo, recs)
             if not todo:
-                return [i for i in ids if i is not None]
+                return ids
+            batch = [[column[i] for i in todo] for column in columns]
         # Each round found the key held at insert time and free at lookup time: a hot key.
         raise BrokerError(
             f"could not enqueue {len(todo)} job(s): their dedupe keys kept changing hands"
@@ -1064,28 +1074,33 @@ async def _keep_session(conn: Any) -> None:
     back by asyncpg itself."""
 
 
-def _resolve(ids: list[str | None], todo: list[int], recs: Sequence[Any]) -> list[int]:
+def _resolve(
+    ids: list[str], keys: Sequence[str | None], todo: list[int], recs: Sequence[Any]
+) -> list[int]:
     """Fill ``ids`` from one enqueue round over the rows ``todo``; return the rows to retry.
 
-    A skipped row takes the id of the active job holding its dedupe key; a holder stored
-    earlier in the same batch is invisible to the statement, so it is matched here. A row
-    skipped because its id exists (or repeats in the batch) is that job already: its id stands.
+    ``ids`` starts as the input ids; ``recs`` are the round's skipped rows (``pos`` 1-based in
+    ``todo``; one row with a NULL pos when none was skipped). A skipped row takes the id of the
+    active job holding its dedupe key; a holder stored earlier in the same batch is invisible to
+    the statement, so it is matched here. A row skipped because its id exists (or repeats in the
+    batch) is that job already: its id stands.
     """
+    skipped = {rec["pos"] - 1: rec for rec in recs if rec["pos"] is not None}
+    if not skipped:
+        return []
     first_by_key: dict[str, str] = {}
-    for i, rec in zip(todo, recs, strict=True):
-        if rec["stored"]:
-            ids[i] = rec["id"]
-            if rec["dedupe_key"] is not None:
-                first_by_key.setdefault(rec["dedupe_key"], rec["id"])
+    for n, i in enumerate(todo):
+        key = keys[i]
+        if key is not None and n not in skipped:
+            first_by_key.setdefault(key, ids[i])
     retry: list[int] = []
-    for i, rec in zip(todo, recs, strict=True):
-        key = rec["dedupe_key"]
-        if rec["stored"]:
-            continue
+    for n, rec in sorted(skipped.items()):
+        i = todo[n]
+        key = keys[i]
         if rec["holder"] is not None:
             ids[i] = rec["holder"]
         elif key is None or rec["id_taken"]:
-            ids[i] = rec["id"]
+            pass  # the input id stands
         elif key in first_by_key:
             ids[i] = first_by_key[key]
         else:

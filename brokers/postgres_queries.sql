@@ -36,10 +36,16 @@ INSERT INTO {schema}.schema_version (version) VALUES ($1);
 
 
 -- name: enqueue
--- Insert a batch; rows whose id exists or whose dedupe key is held are skipped. Per input row:
--- whether it was stored and, for a skipped row, the id of the active job holding its key and
--- whether its id was taken, as this statement's snapshot sees them (rows inserted earlier in the
--- same batch, or committed meanwhile, are not visible: the caller resolves those).
+-- Insert a batch; rows whose id exists or whose dedupe key is held are skipped. Returns only the
+-- skipped rows (by position in the input, 1-based), each with the id of the active job holding
+-- its key and whether its id was taken, as this statement's snapshot sees them (rows inserted
+-- earlier in the same batch, or committed meanwhile, are not visible: the caller resolves
+-- those); or a single row with a NULL pos when every row was stored. The lookups are scalar
+-- subqueries on the skipped rows only, one index probe each: a join would let the planner hash
+-- the whole jobs table on every enqueue (a sequential scan that grows with the backlog), and the
+-- usual batch, where nothing is skipped, costs no lookup at all (`skipped` is materialized so
+-- the lookups run after the filter, and LIMIT keeps the planner from hashing the table for
+-- them). `woken` is the outer side so the notification is sent whatever the rest returns.
 -- $1 ids, $2 queues, $3 tasks, $4 priorities, $5 run_at, $6 max_attempts, $7 payloads,
 -- $8 dedupe keys, $9 now
 WITH input AS (
@@ -61,16 +67,20 @@ inserted AS (
 woken AS (
     SELECT count(pg_notify('{channel}', q.queue)) AS n
     FROM (SELECT DISTINCT queue FROM inserted) AS q
+),
+skipped AS MATERIALIZED (
+    SELECT i.pos, i.id, i.dedupe_key
+    FROM input AS i
+    WHERE NOT EXISTS (SELECT 1 FROM inserted AS s WHERE s.id = i.id)
 )
-SELECT i.id, i.dedupe_key, s.id IS NOT NULL AS stored, h.id AS holder,
-       e.id IS NOT NULL AS id_taken
-FROM input AS i
-CROSS JOIN woken
-LEFT JOIN inserted AS s ON s.id = i.id
-LEFT JOIN {schema}.jobs AS h
-       ON s.id IS NULL AND h.dedupe_key = i.dedupe_key AND h.state IN ('pending', 'running')
-LEFT JOIN {schema}.jobs AS e ON s.id IS NULL AND e.id = i.id
-ORDER BY i.pos;
+SELECT k.pos,
+       (SELECT h.id FROM {schema}.jobs AS h
+        WHERE h.dedupe_key = k.dedupe_key AND h.state IN ('pending', 'running')
+        LIMIT 1) AS holder,
+       (SELECT true FROM {schema}.jobs AS e WHERE e.id = k.id LIMIT 1) IS NOT NULL AS id_taken
+FROM woken
+LEFT JOIN skipped AS k ON true
+ORDER BY k.pos;
 
 
 -- name: enqueue_bytes
