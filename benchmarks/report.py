@@ -8,6 +8,7 @@ import platform
 import subprocess
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from benchmarks.common import ROOT, Figure, Skipped
@@ -23,6 +24,22 @@ def _size(n: int) -> str:
     return "-" if n == 0 else f"{n:,}"
 
 
+def grouped(figures: Sequence[Figure]) -> list[Figure]:
+    """Rows by broker, then measurement, then system, each in the order first run: every figure
+    of one comparison next to each other."""
+    brokers = list(dict.fromkeys(f.broker for f in figures))
+    measurements = list(dict.fromkeys(f.measurement for f in figures))
+    systems = list(dict.fromkeys(f.system for f in figures))
+    return sorted(
+        figures,
+        key=lambda f: (
+            brokers.index(f.broker),
+            measurements.index(f.measurement),
+            systems.index(f.system),
+        ),
+    )
+
+
 def table(figures: Sequence[Figure]) -> str:
     header = ["measurement", "broker", "system", "jobs", "median", "min-max", "unit", "settings"]
     rows = [
@@ -36,7 +53,7 @@ def table(figures: Sequence[Figure]) -> str:
             f.unit,
             f.settings,
         ]
-        for f in figures
+        for f in grouped(figures)
     ]
     return _markdown(header, rows)
 
@@ -141,3 +158,27 @@ def _git(*args: str) -> str:
 
 def dump(data: dict[str, Any]) -> str:
     return json.dumps(data, indent=2)
+
+
+def load(path: str) -> tuple[list[Figure], list[Skipped]]:
+    """The figures and skips of a saved ``--json`` / ``--json-out`` file."""
+    data = json.loads(Path(path).read_text())
+    fields = set(Figure.__dataclass_fields__)
+    figures = [Figure(**{k: v for k, v in f.items() if k in fields}) for f in data["figures"]]
+    return figures, [Skipped(**s) for s in data["skipped"]]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m benchmarks.report A.json [B.json ...]``: the table of saved runs, merged."""
+    figures: list[Figure] = []
+    skipped: list[Skipped] = []
+    for path in argv if argv is not None else sys.argv[1:]:
+        more, skips = load(path)
+        figures += more
+        skipped += skips
+    print(as_text(figures, skipped))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
