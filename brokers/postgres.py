@@ -647,7 +647,10 @@ class PostgresBroker(Broker):
         todo = list(range(len(ids)))
         batch: Sequence[list[Any]] = columns
         for _ in range(_RACE_RETRIES):
-            recs = await conn.fetch(self._sql.q["enqueue"], *batch, now)
+            if len(batch[0]) == 1:
+                recs = await conn.fetch(self._sql.q["enqueue_one"], *(c[0] for c in batch), now)
+            else:
+                recs = await conn.fetch(self._sql.q["enqueue"], *batch, now)
             todo = _resolve(ids, keys, todo, recs)
             if not todo:
                 return ids

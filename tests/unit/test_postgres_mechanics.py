@@ -315,6 +315,69 @@ async def test_racing_enqueues_with_one_dedupe_key_store_one_job(url: str) -> No
     assert await count_rows(url) == 1
 
 
+async def test_single_and_batch_enqueue_resolve_ids_and_dedupe_keys_alike(url: str) -> None:
+    """A batch of one takes its own statement (enqueue_one): it must answer as the batch one
+    does, for a stored job, a taken id and a held dedupe key, alone or mixed in a batch."""
+    async with PostgresBroker(url) as broker:
+        now = time.time()
+        [held] = await broker.enqueue([Job(task="t", dedupe_key="k")], now)
+        first = Job(task="t")
+        assert await broker.enqueue([first], now) == [first.id]
+        assert await broker.enqueue([first], now) == [first.id], "idempotent by id"
+        assert await broker.enqueue([Job(task="t", dedupe_key="k")], now) == [held]
+        fresh, dup_key = Job(task="t", dedupe_key="f"), Job(task="t", dedupe_key="f")
+        got = await broker.enqueue([fresh, first, Job(task="t", dedupe_key="k"), dup_key], now)
+        assert got == [fresh.id, first.id, held, fresh.id]
+    assert await count_rows(url) == 3
+
+
+async def test_the_enqueue_does_not_scan_the_jobs_table(url: str) -> None:
+    """The lookups of skipped rows are index probes on those rows only: a hash join against
+    every queued job would cost an enqueue time in proportion to the backlog."""
+    async with PostgresBroker(url) as broker:
+        await broker.enqueue([Job(task="t", dedupe_key=f"k{i}") for i in range(3000)], 0)
+        async with broker.pool.acquire() as conn:
+            await conn.execute(f'ANALYZE "{parse_url(url).schema}".jobs')
+            jobs = [Job(task="t", dedupe_key=f"k{i}") for i in range(0, 6000, 2)]
+            ids = [j.id for j in jobs]
+            n = len(jobs)
+            args = (
+                ids,
+                ["default"] * n,
+                ["t"] * n,
+                [0] * n,
+                [0.0] * n,
+                [None] * n,
+                [j.to_wire() for j in jobs],
+                [j.dedupe_key for j in jobs],
+                0.0,
+            )
+            async with conn.transaction():
+                await conn.execute("SET LOCAL plan_cache_mode = force_generic_plan")
+                plan = await conn.fetch("EXPLAIN (COSTS OFF) " + broker.query("enqueue"), *args)
+            one = await conn.fetch(
+                "EXPLAIN (COSTS OFF) " + broker.query("enqueue_one"), *(a[0] for a in args[:8]), 0.0
+            )
+    for rows in (plan, one):
+        text = "\n".join(r[0] for r in rows)
+        assert "Seq Scan on jobs" not in text, text
+
+
+async def test_a_claim_commits_without_a_wal_flush_and_leaves_the_session_as_it_was(
+    url: str,
+) -> None:
+    """The claim relaxes synchronous_commit for its own transaction only (see the claim
+    statement): the pooled connection must keep the server's setting for every later write."""
+    async with PostgresBroker(url) as broker:
+        await broker.enqueue([Job(task="t")], 0)
+        async with broker.pool.acquire() as conn:
+            before = await conn.fetchval("SHOW synchronous_commit")
+            got = await conn.fetch(broker.query("claim"), ["default"], 1.0, 5, LEASE)
+            after = await conn.fetchval("SHOW synchronous_commit")
+    assert len(got) == 1
+    assert before == after == "on"
+
+
 async def test_undecodable_bytes_are_delivered_as_bytes(url: str) -> None:
     async with PostgresBroker(url) as broker:
         now = time.time()
