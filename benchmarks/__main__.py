@@ -28,7 +28,7 @@ import anyio
 
 from benchmarks import drain, enqueue, latency, memory, peers, scale
 from benchmarks.common import RUN_DIR, Figure, Options, Skipped, progress
-from benchmarks.report import as_json, as_text, dump
+from benchmarks.report import as_json, as_text, code_state, dump
 from benchmarks.subject import Taskkit, check_broker
 from benchmarks.system import System, Unavailable, kind_of, with_database, with_db
 
@@ -215,11 +215,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     RUN_DIR.mkdir(parents=True, exist_ok=True)
     commands = [c for c in ORDER if "all" in args.command or c in args.command]
+    code = code_state()
     figures, ok = anyio.run(run, commands, opts)
     if ok:  # keep the worker logs of a failed run to read
         shutil.rmtree(RUN_DIR, ignore_errors=True)
     command = ["python", "-m", "benchmarks", *(sys.argv[1:] if argv is None else argv)]
-    data = as_json(command, figures, _SKIPPED)
+    data = as_json(command, figures, _SKIPPED, code)
     if args.json_out:
         Path(args.json_out).write_text(dump(data) + "\n")
     if args.json:

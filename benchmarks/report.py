@@ -116,16 +116,17 @@ def _markdown(header: list[str], rows: list[list[str]]) -> str:
 
 
 def as_json(
-    command: Sequence[str], figures: Sequence[Figure], skipped: Sequence[Skipped]
+    command: Sequence[str],
+    figures: Sequence[Figure],
+    skipped: Sequence[Skipped],
+    code: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     return {
         "command": list(command),
         "python": sys.version.split()[0],
         "platform": platform.platform(),
         "cpus": _cpus(),
-        "taskkit_commit": _git("rev-parse", "--short", "HEAD"),
-        # Uncommitted changes to the measured code: the figures are of the work tree, not HEAD.
-        "taskkit_dirty": bool(_git("status", "--porcelain", "--", "taskkit", "brokers")),
+        **(code if code is not None else code_state()),
         "figures": [f.to_dict() for f in figures],
         "summary": summary(figures),
         "skipped": [vars(s) for s in skipped],
@@ -146,6 +147,15 @@ def _cpus() -> int:
     import os
 
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 0
+
+
+def code_state() -> dict[str, Any]:
+    """The commit and whether taskkit/ or brokers/ had uncommitted changes (the figures are of
+    the work tree, not of HEAD). Taken when the run starts: workers import the code then."""
+    return {
+        "taskkit_commit": _git("rev-parse", "--short", "HEAD"),
+        "taskkit_dirty": bool(_git("status", "--porcelain", "--", "taskkit", "brokers")),
+    }
 
 
 def _git(*args: str) -> str:
