@@ -109,9 +109,34 @@ class Job(BaseModel):
             raise ValueError("queue name must be 1-128 characters from A-Z a-z 0-9 _ . : -")
         return value
 
+    @classmethod
+    def trusted(cls, **fields: Any) -> Job:
+        """Build a Job from fields that were already checked (by ``Task.build_job``), without
+        validating them again: what ``model_construct`` does, at a quarter of its cost, which
+        matters when a batch enqueue builds a hundred thousand jobs a second. Any field not
+        given takes its default; ``id`` must be given."""
+        values = {**_JOB_DEFAULTS, **fields}  # the defaults' key order is the fields' order
+        if "args" not in fields:
+            values["args"] = []
+        if "kwargs" not in fields:
+            values["kwargs"] = {}
+        job = cls.__new__(cls)
+        object.__setattr__(job, "__dict__", values)
+        object.__setattr__(job, "__pydantic_fields_set__", set(fields))
+        object.__setattr__(job, "__pydantic_extra__", None)
+        object.__setattr__(job, "__pydantic_private__", None)
+        return job
+
     def to_wire(self) -> str:
         """The JSON text brokers store; defaults that are None are left out."""
         return self.model_dump_json(exclude_none=True)
+
+
+# Every field of Job at its default, for Job.trusted (the ones with factories, None here, are
+# always given or filled in there).
+_JOB_DEFAULTS: dict[str, Any] = {
+    name: None if info.default_factory else info.default for name, info in Job.model_fields.items()
+}
 
 
 def decode_job(raw: bytes | str) -> Job:

@@ -104,3 +104,11 @@ def test_a_trailing_newline_is_not_part_of_a_valid_name() -> None:
         validate_queue_name("mail\n")
     assert peek_task('{"task": "t.ok\\n"}') is None
     assert peek_task('{"task": "t.ok"}') == "t.ok"
+
+
+def test_a_trusted_job_is_the_same_as_a_validated_one() -> None:
+    fields = {"id": "a" * 32, "task": "t.x", "args": [1], "queue": "mail", "run_at": 5.0}
+    trusted, validated = Job.trusted(**fields), Job(**fields)  # type: ignore[arg-type]
+    assert trusted == validated and trusted.to_wire() == validated.to_wire()
+    assert trusted.model_fields_set == validated.model_fields_set
+    assert Job.trusted(id="b", task="t.y").args == [] == Job(id="b", task="t.y").args
