@@ -106,9 +106,18 @@ awaited at most 5 s, so a frozen server or a silently dropped connection cannot 
 and a longer wait is served by several BLMOVEs, each 1 s shorter than the timeout (half of it,
 below 2 s). Every
 connection, timeout and socket error (the pool's included) becomes ``BrokerUnavailable`` naming
-the redacted URL, in one line; the worker logs it, backs off and calls again. The pool replaces
-a connection the server closed when it hands it out, so after a restart the next call simply
-reconnects; scripts the restarted server forgot (NOSCRIPT) are loaded again and the call redone.
+the redacted URL, in one line; the worker logs it, backs off and calls again.
+
+The script lane. Script calls and BLMOVE (the hot path: enqueue, claim, settle, extend) do not
+go through ``execute_command`` or redis-py pipelines, whose pool checkout, locks, retry wrapper
+and task per socket write cost about as much CPU as the rest of a single enqueue. The broker
+keeps connections of its own, made by the client's pool (same host, credentials, TLS and
+options), writes each call's commands packed in one go and reads the replies, all within
+``socket_timeout``; a connection goes back to the lane only after every reply was read, and any
+other end (timeout, cancellation, lost socket) closes it, so a reply can never be read as
+another call's. One the server closed while it sat idle is reconnected before use, as the pool
+does, so after a restart the next call simply reconnects; scripts the restarted server forgot
+(NOSCRIPT) are loaded again and the call redone.
 No command is retried inside the broker: a call whose reply was lost may have been applied, and
 only the caller knows whether doing it twice is harmless (the worker's settle is fenced by token,
 its claim is recovered when the lease runs out). ``health_check_interval`` stays off: with no
