@@ -49,6 +49,18 @@ class DeliveryFailed(Exception):
     """The webhook did not take the alert; the message says why in one line."""
 
 
+def check_webhook(url: str) -> str:
+    """Raise ValueError unless ``url`` is an http(s) URL with a host; return it."""
+    try:
+        parts = urlsplit(url)
+        ok = parts.scheme in ("http", "https") and bool(parts.hostname)
+    except ValueError:  # e.g. an unclosed [IPv6 bracket
+        ok = False
+    if not ok:
+        raise ValueError("must be an http:// or https:// URL with a host")
+    return url
+
+
 def redact_webhook(url: str) -> str:
     """Scheme, host and port only: webhook paths and queries are secrets (Slack's are keys)."""
     try:
@@ -83,10 +95,10 @@ def webhook_body(alert: Alert, worker_id: str) -> dict[str, Any]:
 def post_json(url: str, body: dict[str, Any], timeout: float = POST_TIMEOUT) -> None:
     """POST ``body`` as JSON; any answer but 2xx raises DeliveryFailed. Blocking."""
     data = json.dumps(body).encode()
-    request = urllib.request.Request(
-        url, data=data, method="POST", headers={"Content-Type": "application/json"}
-    )
     try:
+        request = urllib.request.Request(
+            url, data=data, method="POST", headers={"Content-Type": "application/json"}
+        )
         with urllib.request.urlopen(request, timeout=timeout) as response:
             status = response.status
     except urllib.error.HTTPError as exc:
@@ -94,6 +106,8 @@ def post_json(url: str, body: dict[str, Any], timeout: float = POST_TIMEOUT) -> 
     except (urllib.error.URLError, OSError) as exc:
         reason = getattr(exc, "reason", exc)
         raise DeliveryFailed(f"cannot reach {redact_webhook(url)}: {reason}") from None
+    except Exception as exc:  # a malformed URL or reply: a failed delivery, never a dead worker
+        raise DeliveryFailed(f"{type(exc).__name__} posting to {redact_webhook(url)}") from None
     if not 200 <= status < 300:
         raise DeliveryFailed(f"HTTP {status}")
 
@@ -132,6 +146,8 @@ class AlertDispatcher:
                         pass
             except TaskkitError as exc:
                 log.warning("alert loop: broker call failed (%s); will retry", exc)
+            except Exception:  # alerts must never take the worker down with them
+                log.exception("alert loop failed; will retry")
             await anyio.sleep(self.every)
 
     async def check_stalls(self) -> list[str]:

@@ -43,7 +43,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStre
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic_core import to_jsonable_python
 
-from taskkit.alerts import AlertDispatcher
+from taskkit.alerts import AlertDispatcher, check_webhook
 from taskkit.broker import Broker
 from taskkit.clock import Clock, SystemClock
 from taskkit.context import JobContext, _current
@@ -97,9 +97,7 @@ class WorkerSettings(BaseModel):
     @field_validator("alert_webhook")
     @classmethod
     def _webhook(cls, value: str | None) -> str | None:
-        if value is not None and not value.startswith(("http://", "https://")):
-            raise ValueError("must be an http:// or https:// URL")
-        return value
+        return None if value is None else check_webhook(value)
 
     @field_validator("queues")
     @classmethod
