@@ -28,7 +28,10 @@ async def test_two_workers_run_each_tick_once(make_broker: MakeBroker) -> None:
         assert info is not None and info.run_at is not None
         runs[info.run_at] += 1
 
-    settings = WorkerSettings(poll_wait=0.02)
+    # A lease longer than the whole test's fake time: the clock jumps 60 s while a claim is
+    # waiting or a run is being acknowledged, and an expired lease would rightly rerun the job
+    # (at-least-once), which is not what this test is about.
+    settings = WorkerSettings(poll_wait=0.02, lease_for=600)
     worker_a = Worker(router, await make_broker(), settings, clock)
     worker_b = Worker(router, await make_broker(), settings, clock)
     ticks = [clock.now() + 60 * i for i in range(4)]
