@@ -150,14 +150,13 @@ class AlertDispatcher:
                 log.exception("alert loop failed; will retry")
             await anyio.sleep(self.every)
 
-    async def check_stalls(self) -> list[str]:
+    async def check_stalls(self) -> None:
         """Record a stall alert for each unpaused queue whose oldest ready job is older than
-        ``stall_after``; at most every few seconds. Returns the stalled queues."""
+        ``stall_after``; at most every few seconds."""
         now = self.clock.now()
         if self.stall_after is None or now < self._next_stall_check:
-            return []
+            return
         self._next_stall_check = now + min(STALL_CHECK_EVERY, self.stall_after / 2)
-        stalled = []
         for queue, stats in (await self.broker.stats(now)).items():
             oldest = stats.oldest_ready_at
             if stats.paused or oldest is None or now - oldest <= self.stall_after:
@@ -170,8 +169,6 @@ class AlertDispatcher:
             )
             event = AlertEvent(stall_alert_key(queue), "stall", queue, None, None, detail)
             await self.broker.record_alert(event, now)
-            stalled.append(queue)
-        return stalled
 
     async def deliver_due(self, limit: int = 10) -> int:
         """Claim due alerts and POST each; returns how many were claimed."""
@@ -182,10 +179,9 @@ class AlertDispatcher:
         return len(alerts)
 
     async def _deliver(self, alert: Alert, webhook: str) -> None:
-        body = webhook_body(alert, self.worker_id)
         error: str | None = None
         try:
-            await anyio.to_thread.run_sync(post_json, webhook, body)
+            await anyio.to_thread.run_sync(post_json, webhook, webhook_body(alert, self.worker_id))
         except DeliveryFailed as exc:
             error = str(exc)
         now = self.clock.now()

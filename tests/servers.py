@@ -12,6 +12,7 @@ because CI runs as root and initdb refuses root: the server has to run as the ``
 from __future__ import annotations
 
 import atexit
+import inspect
 import os
 import shutil
 import signal
@@ -22,8 +23,10 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
+import anyio
 import redis
 
 from taskkit.broker import redact_url
@@ -61,6 +64,17 @@ def wait_until(condition: Callable[[], bool], timeout: float, what: str) -> None
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {what}")
         time.sleep(0.05)
+
+
+async def eventually(condition: Callable[[], Any], timeout: float = 10.0) -> None:
+    """``wait_until`` for async tests: poll ``condition`` (its value, awaited when it is
+    awaitable) without blocking the event loop; fail after ``timeout`` seconds."""
+    with anyio.fail_after(timeout):
+        while True:
+            value = condition()
+            if await value if inspect.isawaitable(value) else value:
+                return
+            await anyio.sleep(0.02)
 
 
 class ThrowawayRedis:

@@ -8,8 +8,7 @@ and windows instead of sleeping through them.
 
 from __future__ import annotations
 
-import inspect
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -18,21 +17,12 @@ import pytest
 
 from taskkit import App, Router, Worker, WorkerSettings
 from taskkit.broker import Broker
+from taskkit.job import Job
 from taskkit.testing import FakeClock
+from tests.servers import eventually
 from tests.webhook import WebhookServer
 
 pytestmark = pytest.mark.anyio
-
-
-async def until(check: Callable[[], Any], timeout: float = 10.0) -> None:
-    """Wait for ``check()`` (a value or an awaitable) to be true; fail after ``timeout``."""
-    with anyio.fail_after(timeout):
-        while not await _value(check()):
-            await anyio.sleep(0.02)
-
-
-async def _value(v: Any) -> Any:
-    return await v if inspect.isawaitable(v) else v
 
 
 @asynccontextmanager
@@ -74,15 +64,15 @@ async def test_a_failing_webhook_keeps_the_alert_until_a_retry_delivers_it(
         async with running(router, broker, clock, alert_webhook=hook.url, alert_window=600):
             for n in range(5):
                 await app.enqueue(charge, n)
-            await until(lambda: _all_dead(broker, clock, 5))
-            await until(lambda: len(hook.received) == 1)
-            await until(lambda: _failed_tries_are(broker, 1))
+            await eventually(lambda: _all_dead(broker, clock, 5))
+            await eventually(lambda: len(hook.received) == 1)
+            await eventually(lambda: _failed_tries_are(broker, 1))
             [pending] = await broker.list_alerts(pending_only=True, limit=10)
             assert pending.key == "dead:default:pay.charge" and pending.count == 5
             assert "HTTP 503" in (pending.last_error or "")
             assert hook.accepted == []
             clock.advance(6)  # past the first delivery backoff (5 s)
-            await until(lambda: len(hook.accepted) == 1)
+            await eventually(lambda: len(hook.accepted) == 1)
             await anyio.sleep(0.2)  # several more loop turns: nothing else may be sent
     [body] = hook.accepted
     assert body["alert"]["count"] == 5 and body["alert"]["task"] == "pay.charge"
@@ -105,13 +95,13 @@ async def test_one_message_per_key_per_window(broker: Broker, clock: FakeClock) 
     with WebhookServer() as hook:
         async with running(router, broker, clock, alert_webhook=hook.url, alert_window=600):
             await app.enqueue(charge, 1)
-            await until(lambda: len(hook.accepted) == 1)
+            await eventually(lambda: len(hook.accepted) == 1)
             # Inside the window: more of the same key wait, another key goes out at once.
             for n in range(3):
                 await app.enqueue(charge, n)
             await app.enqueue(send, 1)
-            await until(lambda: len(hook.accepted) == 2)
-            await until(lambda: _all_dead(broker, clock, 5))
+            await eventually(lambda: len(hook.accepted) == 2)
+            await eventually(lambda: _all_dead(broker, clock, 5))
             await anyio.sleep(0.2)
             assert [b["alert"]["key"] for b in hook.accepted] == [
                 "dead:default:pay.charge",
@@ -120,7 +110,7 @@ async def test_one_message_per_key_per_window(broker: Broker, clock: FakeClock) 
             [waiting] = await broker.list_alerts(pending_only=True, limit=10)
             assert (waiting.key, waiting.count) == ("dead:default:pay.charge", 3)
             clock.advance(601)  # the window ends: the three go out as one message
-            await until(lambda: len(hook.accepted) == 3)
+            await eventually(lambda: len(hook.accepted) == 3)
     assert hook.accepted[2]["alert"]["count"] == 3
     assert len(hook.received) == 3
 
@@ -143,7 +133,7 @@ async def test_a_queue_nobody_drains_raises_a_stall_alert(broker: Broker, clock:
             await anyio.sleep(0.1)
             assert hook.received == []  # not stalled yet
             clock.advance(61)
-            await until(lambda: len(hook.accepted) == 1)
+            await eventually(lambda: len(hook.accepted) == 1)
             await anyio.sleep(0.2)
     [body] = hook.accepted
     assert body["alert"]["key"] == "stall:orphaned"  # the paused queue is stalled on purpose
@@ -154,17 +144,11 @@ async def test_a_queue_nobody_drains_raises_a_stall_alert(broker: Broker, clock:
 async def test_stalls_are_recorded_without_a_webhook(broker: Broker, clock: FakeClock) -> None:
     router = Router()
     app = App(router, broker, clock=clock)
-    await app.enqueue_jobs([_job("orphaned")])
+    await app.enqueue_jobs([Job(task="t.any", queue="orphaned")])
     async with running(router, broker, clock, queues=["default"], stall_after=30):
         clock.advance(31)
-        await until(lambda: _alert_keys(broker))
+        await eventually(lambda: _alert_keys(broker))
     assert await _alert_keys(broker) == ["stall:orphaned"]
-
-
-def _job(queue: str) -> Any:
-    from taskkit.job import Job
-
-    return Job(task="t.any", queue=queue)
 
 
 async def _alert_keys(broker: Broker) -> list[str]:

@@ -18,6 +18,7 @@ import pytest
 from taskkit import App, Router, Worker, WorkerSettings
 from taskkit.broker import Broker
 from taskkit.clock import SystemClock
+from tests.servers import eventually
 
 pytestmark = pytest.mark.anyio
 MakeBroker = Callable[[], Awaitable[Broker]]
@@ -37,12 +38,6 @@ async def fleet(router: Router, make_broker: MakeBroker, size: int = 3) -> Async
             w.stop()
 
 
-async def wait_for(done: Callable[[], bool], timeout: float = 30.0) -> None:
-    with anyio.fail_after(timeout):
-        while not done():
-            await anyio.sleep(0.02)
-
-
 async def test_a_rate_limit_holds_across_workers_and_uses_no_attempts(
     make_broker: MakeBroker,
 ) -> None:
@@ -57,7 +52,7 @@ async def test_a_rate_limit_holds_across_workers_and_uses_no_attempts(
     app = App(router, await make_broker(), clock=SystemClock())
     handles = [await app.enqueue(call, n) for n in range(8)]
     async with fleet(router, make_broker):
-        await wait_for(lambda: len(starts) == 8)
+        await eventually(lambda: len(starts) == 8, 30)
     starts.sort()
     gaps = [b - a for a, b in itertools.pairwise(starts)]
     # One run per 0.2 s: never 2 in less than that (a few ms of scheduling noise allowed), so
@@ -85,7 +80,7 @@ async def test_a_task_concurrency_limit_holds_across_workers(make_broker: MakeBr
     for n in range(8):
         await app.enqueue(render, n)
     async with fleet(router, make_broker):
-        await wait_for(lambda: finished == 8)
+        await eventually(lambda: finished == 8, 30)
     assert peak == 2  # reached, never passed, with 9 runner slots in the fleet
 
 
@@ -117,5 +112,5 @@ async def test_a_queue_concurrency_limit_covers_every_task_of_the_queue(
         await app.enqueue(encode)
         await app.enqueue(thumb)
     async with fleet(router, make_broker):
-        await wait_for(lambda: finished == 6)
+        await eventually(lambda: finished == 6, 30)
     assert peak == 1
