@@ -23,6 +23,7 @@ and their logs must hold one ERROR line per loop and outage, no traceback.
 from __future__ import annotations
 
 import json
+import subprocess
 import time
 from pathlib import Path
 
@@ -71,6 +72,25 @@ def idle(cwd: Path, url: str) -> bool:
     )
 
 
+def drain_after_outage(
+    server: ThrowawayRedis,
+    workers: list[subprocess.Popen[str]],
+    ledger: Path,
+    cwd: Path,
+    url: str,
+    after: str,
+) -> None:
+    """Once the server answers again: every job runs and is acknowledged, both workers are
+    back waiting in BLMOVE, and neither died."""
+
+    def drained() -> bool:
+        return len(ledger_runs(ledger)) == JOBS and idle(cwd, url)
+
+    wait_until(drained, 25, f"every job to run and be acknowledged after {after}")
+    wait_until(lambda: server.clients_waiting_in_blmove() >= 2, 10, "both to wait in BLMOVE")
+    assert [w.poll() for w in workers] == [None, None], "a worker died (see its log below)"
+
+
 def check_outage_lines(outputs: list[Output], noticed: list[list[str]], port: int) -> None:
     """No traceback; one readable ERROR line per loop and outage, naming the server; every line
     above INFO is about the outage or its at-least-once aftermath (a lease that ran out meanwhile,
@@ -117,13 +137,7 @@ def test_workers_survive_a_redis_restart_and_lose_no_job_redis_kept(
         assert len(ledger_runs(ledger)) < JOBS, "the outage hit mid-drain"
         server.start()
         outage = time.monotonic() - down_at
-
-        def drained() -> bool:
-            return len(ledger_runs(ledger)) == JOBS and idle(tmp_path, url)
-
-        wait_until(drained, 25, "every job to run and be acknowledged after the restart")
-        wait_until(lambda: server.clients_waiting_in_blmove() >= 2, 10, "both to wait in BLMOVE")
-        assert [w.poll() for w in workers] == [None, None], "a worker died (see its log below)"
+        drain_after_outage(server, workers, ledger, tmp_path, url, "the restart")
     finally:
         codes = stop_workers(workers, outputs)
     assert codes == [0, 0], [o.notable() for o in outputs]
@@ -196,13 +210,7 @@ def test_workers_time_out_of_a_frozen_server_and_carry_on_when_it_thaws(
             server.thaw()
         noticed = [o.outage_lines() for o in outputs]
         assert len(ledger_runs(ledger)) < JOBS, "the freeze hit mid-drain"
-
-        def drained() -> bool:
-            return len(ledger_runs(ledger)) == JOBS and idle(tmp_path, url)
-
-        wait_until(drained, 25, "every job to run and be acknowledged after the thaw")
-        wait_until(lambda: server.clients_waiting_in_blmove() >= 2, 10, "both to wait in BLMOVE")
-        assert [w.poll() for w in workers] == [None, None], "a worker died (see its log below)"
+        drain_after_outage(server, workers, ledger, tmp_path, url, "the thaw")
     finally:
         codes = stop_workers(workers, outputs)
     assert codes == [0, 0], [o.notable() for o in outputs]
